@@ -1,0 +1,110 @@
+//! `actguide bench`: rollout and train throughput of a model on the
+//! household env, measured over a few real GRPO steps (rollouts with the
+//! step's batch of episodes, then one optimiser step on their tokens).
+
+use std::path::PathBuf;
+
+use candle_core::Device;
+
+use crate::env::{make_env, panel, Env};
+use crate::experiment::RunError;
+use crate::experiment::config::TrainerSection;
+use crate::guidance::ResolvedSpec;
+use crate::model::{ModelConfig, Policy, Tok};
+use crate::rollout::{self, EpisodeRequest, RolloutOptions};
+use crate::seed;
+use crate::train::{build_samples, group_advantages, AdvantageKind, Trainer};
+
+/// What to measure.
+#[derive(Debug, Clone)]
+pub struct BenchConfig {
+    pub model: PathBuf,
+    pub panel: PathBuf,
+    pub tasks: usize,
+    pub group: usize,
+    pub steps: usize,
+    pub max_steps: usize,
+    pub seed: u64,
+}
+
+/// Measured figures.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct BenchReport {
+    pub threads: usize,
+    pub params: usize,
+    pub episodes_per_step: usize,
+    pub rollout_tokens_per_s: f64,
+    pub generated_tokens_per_s: f64,
+    pub train_tokens_per_s: f64,
+    pub rollout_s_per_step: f64,
+    pub train_s_per_step: f64,
+}
+
+impl std::fmt::Display for BenchReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, "threads              {}", self.threads)?;
+        writeln!(f, "parameters           {}", self.params)?;
+        writeln!(f, "episodes per step    {}", self.episodes_per_step)?;
+        writeln!(f, "rollout tokens/s     {:.0} (prompt + generated)", self.rollout_tokens_per_s)?;
+        writeln!(f, "generated tokens/s   {:.0}", self.generated_tokens_per_s)?;
+        writeln!(f, "train tokens/s       {:.0} (forward + backward + AdamW)", self.train_tokens_per_s)?;
+        write!(f, "seconds per step     {:.2} rollout + {:.2} train", self.rollout_s_per_step, self.train_s_per_step)
+    }
+}
+
+/// Run the benchmark.
+pub fn run(cfg: &BenchConfig) -> Result<BenchReport, RunError> {
+    let mcfg = ModelConfig::from_file(&cfg.model.join("config.json"))?;
+    let tok = Tok::from_file(&cfg.model.join("tokenizer.json"))?;
+    let policy = Policy::new_random(&mcfg, &mut seed::rng(cfg.seed, &[1]), &Device::Cpu)?;
+    let tasks = panel::read_jsonl(&cfg.panel)?;
+    let mut trainer = Trainer::new(&policy, &TrainerSection::default(), cfg.steps, 1.0)?;
+    let opts = RolloutOptions {
+        temperature: 1.0,
+        top_p: 1.0,
+        greedy: false,
+        constrained: true,
+        history: 2,
+        invalid_penalty: 0.0,
+        max_action_tokens: 16,
+    };
+    let max_steps = cfg.max_steps;
+    let make = move || -> Box<dyn Env> { make_env("household", max_steps) };
+    let (mut rt, mut rtok, mut gtok, mut tt, mut ttok) = (0.0, 0usize, 0usize, 0.0, 0usize);
+    let mut episodes_per_step = 0;
+    for step in 0..cfg.steps {
+        let reqs: Vec<EpisodeRequest> = (0..cfg.tasks)
+            .flat_map(|i| {
+                let t = &tasks[(step * cfg.tasks + i) % tasks.len()];
+                (0..cfg.group).map(move |_| EpisodeRequest {
+                    task: t,
+                    spec: ResolvedSpec::default(),
+                })
+            })
+            .collect();
+        episodes_per_step = reqs.len();
+        let mut rng = seed::rng(cfg.seed, &[2, step as u64]);
+        let (eps, st) = rollout::run(&policy, &tok, &make, &reqs, &opts, &mut rng)?;
+        rt += st.seconds;
+        rtok += st.prompt_tokens + st.generated_tokens;
+        gtok += st.generated_tokens;
+        // Non-zero advantages so the update does real work.
+        let rewards: Vec<f64> = (0..eps.len()).map(|i| (i % 2) as f64).collect();
+        let adv = group_advantages(&rewards, AdvantageKind::Grpo);
+        let samples = build_samples(&eps, &adv, false);
+        let ts = trainer.step(&policy, &samples, step, &mut seed::rng(cfg.seed, &[3, step as u64]))?;
+        tt += ts.seconds;
+        ttok += ts.train_tokens;
+    }
+    let n = cfg.steps.max(1) as f64;
+    Ok(BenchReport {
+        threads: candle_core::utils::get_num_threads(),
+        params: policy.num_params(),
+        episodes_per_step,
+        rollout_tokens_per_s: rtok as f64 / rt.max(1e-9),
+        generated_tokens_per_s: gtok as f64 / rt.max(1e-9),
+        train_tokens_per_s: ttok as f64 / tt.max(1e-9),
+        rollout_s_per_step: rt / n,
+        train_s_per_step: tt / n,
+    })
+}

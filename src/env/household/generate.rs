@@ -1,0 +1,395 @@
+//! Seeded generation of household task panels, the committed default panels,
+//! and the random-policy baseline that shows where the panel's in-region
+//! (reachable by chance) and out-region (not) lie.
+//!
+//! Every task draws from its own ChaCha8 stream keyed by (seed, split, index,
+//! attempt), so train and test never share a world seed and no collection's
+//! iteration order leaks into the output.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use rand::seq::{IndexedRandom, SliceRandom};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use super::catalog::{
+    kind_of, Category, ObjectKind, ReceptacleKind, TaskType, MAX_INDEX, OBJECTS, RECEPTACLES,
+};
+use super::expert::expert_plan;
+use super::sim::Sim;
+use super::world::{Agent, Goal, Object, Receptacle, World};
+use super::HouseholdEnv;
+use crate::env::panel::{write_jsonl, PanelError};
+use crate::env::{Env, Task};
+
+/// Seed of the committed panels `envs/household/{train,test}.jsonl`.
+pub const DEFAULT_SEED: u64 = 2026;
+/// Size of the committed train panel.
+pub const DEFAULT_TRAIN: usize = 256;
+/// Size of the committed test panel.
+pub const DEFAULT_TEST: usize = 64;
+
+/// Share of tasks that start part-way along the expert trajectory, 1–3 steps
+/// from the goal (with the few short tasks from the room's middle this gives
+/// about 40% of tasks of expert length ≤ 3).
+const P_IN_REGION: f64 = 0.36;
+/// Chance that a door starts closed.
+const P_CLOSED: f64 = 0.6;
+/// Chance that a non-light task's room still has a lamp (so "use" is not a
+/// give-away of the task type).
+const P_EXTRA_LAMP: f64 = 0.3;
+const LAMPS: [&str; 2] = ["desklamp", "floorlamp"];
+
+fn lamp_hosts(lamp: &str) -> &'static [&'static str] {
+    if lamp == "desklamp" {
+        &["desk", "dresser", "shelf", "sidetable"]
+    } else {
+        &["armchair", "dresser", "sidetable", "sofa"]
+    }
+}
+
+const SPLIT_TRAIN: u8 = 0;
+const SPLIT_TEST: u8 = 1;
+/// Stream purposes, so the panel shuffle never reuses a task's stream.
+const TAG_TASK: u8 = 0;
+const TAG_SHUFFLE: u8 = 1;
+
+fn stream(seed: u64, split: u8, tag: u8, index: u64, attempt: u32) -> ChaCha8Rng {
+    let mut key = [0u8; 32];
+    key[..8].copy_from_slice(&seed.to_le_bytes());
+    key[8] = split;
+    key[9] = tag;
+    key[10..18].copy_from_slice(&index.to_le_bytes());
+    key[18..22].copy_from_slice(&attempt.to_le_bytes());
+    ChaCha8Rng::from_seed(key)
+}
+
+/// A random room for a task of type `tt`, agent in the middle, hands empty.
+/// `None` when a draw hits a dead end (the caller retries with a new stream).
+fn gen_world(rng: &mut ChaCha8Rng, tt: TaskType) -> Option<World> {
+    let look = tt == TaskType::LookAtObjInLight;
+    let treatment = tt.treatment();
+    let appliance = treatment.map(|t| t.appliance());
+    let holds = |r: &ReceptacleKind, c: Category| r.holds.contains(&c);
+
+    let kinds: Vec<&ObjectKind> = OBJECTS
+        .iter()
+        .filter(|k| match k.category {
+            Category::Lamp => false,
+            Category::Small | Category::Soft => treatment.is_none(),
+            _ => !look && treatment.is_none_or(|t| t.applies_to(k)),
+        })
+        .collect();
+    let obj = *kinds.choose(rng)?;
+
+    let (target, lamp) = if look {
+        let lamp = *LAMPS.choose(rng)?;
+        (lamp, Some(lamp))
+    } else {
+        let targets: Vec<&str> = RECEPTACLES
+            .iter()
+            .filter(|r| holds(r, obj.category) && Some(r.name) != appliance)
+            .map(|r| r.name)
+            .collect();
+        let extra_lamp = rng.random_bool(P_EXTRA_LAMP);
+        (*targets.choose(rng)?, extra_lamp.then(|| LAMPS[rng.random_range(0..2)]))
+    };
+    // Objects never start in the target kind: the task must not be half done.
+    let source_ok = |r: &ReceptacleKind| holds(r, obj.category) && (look || r.name != target);
+    let sources: Vec<&str> = RECEPTACLES
+        .iter()
+        .filter(|r| source_ok(r))
+        .map(|r| r.name)
+        .collect();
+
+    // Room: the kinds the task needs, then random others, drawn uniformly
+    // over the free "slots" (so cabinets and drawers come up often).
+    let mut required = vec![*sources.choose(rng)?];
+    if !look {
+        required.push(target);
+    }
+    required.extend(appliance);
+    if let Some(l) = lamp {
+        required.push(*lamp_hosts(l).choose(rng)?);
+    }
+    let mut count = vec![0usize; RECEPTACLES.len()];
+    for k in required {
+        let i = RECEPTACLES.iter().position(|r| r.name == k)?;
+        count[i] = 1;
+    }
+    let size = rng.random_range(6..=12);
+    while count.iter().sum::<usize>() < size {
+        let slots: Vec<usize> = (0..RECEPTACLES.len())
+            .flat_map(|i| std::iter::repeat_n(i, RECEPTACLES[i].max - count[i]))
+            .collect();
+        count[*slots.choose(rng)?] += 1;
+    }
+    let mut receptacles = Vec::new();
+    for (kind, &n) in RECEPTACLES.iter().zip(&count) {
+        for i in 1..=n {
+            receptacles.push(Receptacle {
+                name: format!("{} {i}", kind.name),
+                open: kind.openable.then(|| !rng.random_bool(P_CLOSED)),
+            });
+        }
+    }
+    let spots = |pred: &dyn Fn(&ReceptacleKind) -> bool| -> Vec<String> {
+        receptacles
+            .iter()
+            .filter(|r| RECEPTACLES.iter().any(|k| k.name == kind_of(&r.name) && pred(k)))
+            .map(|r| r.name.clone())
+            .collect()
+    };
+
+    let mut objects = Vec::new();
+    let mut numbered: BTreeMap<&str, usize> = BTreeMap::new();
+    // The goal's objects: one (two for pick-two) plus 0–2 more of the kind.
+    let needed = if tt == TaskType::PickTwoObj { 2 } else { 1 };
+    let source_spots = spots(&source_ok);
+    for _ in 0..needed + rng.random_range(0..=2) {
+        place(&mut objects, &mut numbered, obj.name, &source_spots, rng)?;
+    }
+    if let Some(l) = lamp {
+        let hosts = spots(&|k| lamp_hosts(l).contains(&k.name) && !k.openable);
+        place(&mut objects, &mut numbered, l, &hosts, rng)?;
+    }
+    // Clutter: 2–6 objects of other kinds wherever their class fits.
+    for _ in 0..rng.random_range(2..=6) {
+        let kind = OBJECTS
+            .iter()
+            .filter(|k| k.category != Category::Lamp && k.name != obj.name)
+            .collect::<Vec<_>>()
+            .choose(rng)
+            .map(|k| (k.name, k.category))?;
+        let s = spots(&|r| holds(r, kind.1));
+        if !s.is_empty() && numbered.get(kind.0).copied().unwrap_or(0) < 3 {
+            place(&mut objects, &mut numbered, kind.0, &s, rng)?;
+        }
+    }
+    // Shuffle so the goal object is not always listed first.
+    objects.shuffle(rng);
+
+    let world = World {
+        receptacles,
+        objects,
+        agent: Agent::default(),
+        goal: Goal {
+            task_type: tt,
+            object: obj.name.to_string(),
+            target: target.to_string(),
+        },
+    };
+    let max_index = world
+        .receptacles
+        .iter()
+        .map(|r| &r.name)
+        .chain(world.objects.iter().map(|o| &o.name))
+        .filter_map(|n| n.rsplit(' ').next()?.parse::<usize>().ok())
+        .max()
+        .unwrap_or(0);
+    (world.validate().is_ok() && max_index <= MAX_INDEX).then_some(world)
+}
+
+/// Add the next "<kind> <n>" at a random one of `spots`.
+fn place(
+    objects: &mut Vec<Object>,
+    numbered: &mut BTreeMap<&'static str, usize>,
+    kind: &'static str,
+    spots: &[String],
+    rng: &mut ChaCha8Rng,
+) -> Option<()> {
+    let n = numbered.entry(kind).or_insert(0);
+    *n += 1;
+    objects.push(Object {
+        name: format!("{kind} {n}"),
+        at: Some(spots.choose(rng)?.clone()),
+        ..Object::default()
+    });
+    Some(())
+}
+
+/// Run `plan` from `world`: every step must be admissible when issued and
+/// valid, and the goal must be met after the last step and not before.
+pub(crate) fn check_expert(world: &World, plan: &[String]) -> Result<(), String> {
+    let mut sim = Sim::new(world.clone())?;
+    if plan.is_empty() {
+        return Err("empty plan".into());
+    }
+    for (i, action) in plan.iter().enumerate() {
+        if !sim.admissible().contains(action) {
+            return Err(format!("step {i}: {action:?} not admissible"));
+        }
+        let (text, valid) = sim.exec(action);
+        if !valid {
+            return Err(format!("step {i}: {action:?} -> {text}"));
+        }
+        if sim.satisfied() != (i + 1 == plan.len()) {
+            return Err(format!("step {i}: success flag wrong after {action:?}"));
+        }
+    }
+    Ok(())
+}
+
+/// One task's goal, world and expert; `taken` holds the (goal, world) keys
+/// already used anywhere in this generation, so panels never repeat one.
+fn make_task(
+    seed: u64,
+    split: u8,
+    index: u64,
+    tt: TaskType,
+    taken: &mut BTreeSet<String>,
+) -> (String, World, Vec<String>) {
+    for attempt in 0..10_000 {
+        let mut rng = stream(seed, split, TAG_TASK, index, attempt);
+        let Some(mut world) = gen_world(&mut rng, tt) else {
+            continue;
+        };
+        let mut plan = expert_plan(&world);
+        if check_expert(&world, &plan).is_err() {
+            continue;
+        }
+        // In-region: replay all but the last k expert steps and start there.
+        if rng.random_bool(P_IN_REGION) {
+            let k = rng.random_range(1..=3);
+            if plan.len() > k {
+                let Ok(mut sim) = Sim::new(world.clone()) else {
+                    continue;
+                };
+                for action in &plan[..plan.len() - k] {
+                    sim.exec(action);
+                }
+                world = sim.world;
+                plan = expert_plan(&world);
+                if check_expert(&world, &plan).is_err() {
+                    continue;
+                }
+            }
+        }
+        let goal = tt.goal_text(rng.random_range(0..2), &world.goal.object, &world.goal.target);
+        let key = format!("{goal}\n{}", world_json(&world));
+        if taken.insert(key) {
+            return (goal, world, plan);
+        }
+    }
+    panic!("household generator: no valid {} world for index {index}", tt.name());
+}
+
+fn world_json(world: &World) -> serde_json::Value {
+    // Plain structs with string keys: serialization cannot fail.
+    serde_json::to_value(world).expect("household World serializes")
+}
+
+fn panel(seed: u64, split: u8, n: usize, taken: &mut BTreeSet<String>) -> Vec<Task> {
+    let name = if split == SPLIT_TRAIN { "train" } else { "test" };
+    let mut tasks: Vec<Task> = (0..n)
+        .map(|i| {
+            let tt = TaskType::ALL[i % TaskType::ALL.len()];
+            let (goal, world, expert) = make_task(seed, split, i as u64, tt, taken);
+            Task {
+                id: String::new(),
+                task_type: tt.name().to_string(),
+                goal,
+                world: world_json(&world),
+                difficulty: expert.len(),
+                expert,
+            }
+        })
+        .collect();
+    tasks.shuffle(&mut stream(seed, split, TAG_SHUFFLE, 0, 0));
+    for (i, t) in tasks.iter_mut().enumerate() {
+        t.id = format!("household-{name}-{i:04}");
+    }
+    tasks
+}
+
+/// Generate disjoint train and test panels from `seed` (deterministic).
+/// Task types cycle through all six, so each panel of ≥ 6 tasks has them all.
+pub fn generate_panels(seed: u64, n_train: usize, n_test: usize) -> (Vec<Task>, Vec<Task>) {
+    let mut taken = BTreeSet::new();
+    let train = panel(seed, SPLIT_TRAIN, n_train, &mut taken);
+    let test = panel(seed, SPLIT_TEST, n_test, &mut taken);
+    (train, test)
+}
+
+/// Write the default panels (seed [`DEFAULT_SEED`]) as `dir/train.jsonl`
+/// and `dir/test.jsonl`, creating `dir` if needed.
+pub fn write_default_panels(dir: &Path) -> Result<(), PanelError> {
+    let (train, test) = generate_panels(DEFAULT_SEED, DEFAULT_TRAIN, DEFAULT_TEST);
+    write_jsonl(&dir.join("train.jsonl"), &train)?;
+    write_jsonl(&dir.join("test.jsonl"), &test)
+}
+
+/// Success rate of a uniformly random admissible-action policy, per
+/// difficulty: `(difficulty, tasks, success rate)` sorted by difficulty.
+/// Tasks whose world fails to load count as failures.
+pub fn random_policy_success(
+    tasks: &[Task],
+    rollouts: usize,
+    max_steps: usize,
+    seed: u64,
+) -> Vec<(usize, usize, f64)> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut env = HouseholdEnv::new(max_steps);
+    // difficulty → (tasks, successes)
+    let mut by: BTreeMap<usize, (usize, usize)> = BTreeMap::new();
+    for task in tasks {
+        let entry = by.entry(task.difficulty).or_default();
+        entry.0 += 1;
+        for _ in 0..rollouts {
+            let Ok(mut obs) = env.reset(task) else {
+                break;
+            };
+            while !obs.done {
+                let Some(action) = obs.admissible.choose(&mut rng) else {
+                    break;
+                };
+                match env.step(&action.clone()) {
+                    Ok(next) => obs = next,
+                    Err(_) => break,
+                }
+            }
+            entry.1 += usize::from(obs.success);
+        }
+    }
+    by.into_iter()
+        .map(|(d, (n, wins))| (d, n, wins as f64 / (n * rollouts).max(1) as f64))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::env::panel::{read_jsonl, to_jsonl};
+
+    fn histogram(tasks: &[Task]) -> BTreeMap<usize, usize> {
+        let mut h = BTreeMap::new();
+        for t in tasks {
+            *h.entry(t.difficulty).or_insert(0) += 1;
+        }
+        h
+    }
+
+    /// `cargo test --lib household::generate::tests::print_panel_stats -- --ignored --nocapture`
+    #[test]
+    #[ignore]
+    fn print_panel_stats() {
+        let (train, test) = generate_panels(DEFAULT_SEED, DEFAULT_TRAIN, DEFAULT_TEST);
+        println!("train histogram {:?}", histogram(&train));
+        let mut by_type: BTreeMap<(String, usize), usize> = BTreeMap::new();
+        for t in &train {
+            *by_type.entry((t.task_type.clone(), t.difficulty)).or_default() += 1;
+        }
+        println!("by type {by_type:?}");
+        if let Ok(dir) = std::env::var("HH_DUMP") {
+            write_jsonl(&Path::new(&dir).join("train.jsonl"), &train).unwrap();
+        }
+        println!("test histogram {:?}", histogram(&test));
+        for steps in [20, 50] {
+            println!("random policy, max_steps {steps}:");
+            for (d, n, rate) in random_policy_success(&train, 100, steps, 1) {
+                println!("  difficulty {d:2}: {n:3} tasks, success {rate:.3}");
+            }
+        }
+    }
+}

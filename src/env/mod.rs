@@ -1,0 +1,71 @@
+//! Environments: the [`Env`] trait every environment implements, the [`Task`]
+//! record that task panels are made of (with its expert actions), panel I/O,
+//! and the built-in environments.
+
+pub mod household;
+pub mod panel;
+
+use serde::{Deserialize, Serialize};
+
+/// One task of a panel: everything needed to reset an environment to it,
+/// plus the expert action data used as guidance.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Task {
+    /// Stable id, unique within the env (e.g. `household-train-0042`).
+    pub id: String,
+    /// Task type (household: one of the six ALFWorld types).
+    #[serde(rename = "type")]
+    pub task_type: String,
+    /// Goal text as shown to the agent.
+    pub goal: String,
+    /// Env-specific world description (household: rooms, objects, start state).
+    pub world: serde_json::Value,
+    /// A successful action sequence from the start state.
+    pub expert: Vec<String>,
+    /// Difficulty; for the built-in envs the expert length.
+    pub difficulty: usize,
+}
+
+/// What the env shows after a reset or a step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Observation {
+    /// Feedback text ("You arrive at cabinet 1. ..." / "Nothing happens.").
+    pub text: String,
+    /// Actions the env accepts now (the admissible list).
+    pub admissible: Vec<String>,
+    /// Episode over (success or step limit).
+    pub done: bool,
+    /// Reward of this transition (household: 1.0 on success, else 0.0).
+    pub reward: f32,
+    /// Goal reached.
+    pub success: bool,
+    /// The action was a valid command (false for "Nothing happens.").
+    pub valid: bool,
+}
+
+/// Errors an environment can raise (bad task data, protocol trouble).
+#[derive(Debug, thiserror::Error)]
+pub enum EnvError {
+    #[error("task {task}: {msg}")]
+    BadTask { task: String, msg: String },
+    #[error("{0}")]
+    Other(String),
+}
+
+/// A multi-turn text environment.
+pub trait Env: Send {
+    /// Reset to `task`'s start state and return the first observation.
+    fn reset(&mut self, task: &Task) -> Result<Observation, EnvError>;
+    /// Execute one action (any text; invalid text is a no-op with feedback).
+    fn step(&mut self, action: &str) -> Result<Observation, EnvError>;
+    /// A short Markovian summary of what the agent knows now (location,
+    /// hand, what it has seen where), rendered into every prompt.
+    fn status(&self) -> String;
+}
+
+/// Build a fresh env of a built-in kind (validated by the experiment
+/// config; unknown kinds fall back to household).
+pub fn make_env(kind: &str, max_steps: usize) -> Box<dyn Env> {
+    debug_assert_eq!(kind, "household", "validated by the experiment config");
+    Box::new(household::HouseholdEnv::new(max_steps))
+}

@@ -1,0 +1,205 @@
+//! Task panel files: JSON Lines, one [`Task`] per line.
+//!
+//! Panels are committed, so writing is canonical (fixed field order
+//! id, type, goal, world, expert, difficulty; object keys inside `world`
+//! sorted; compact) and byte-identical for the same tasks, whatever serde_json
+//! features other crates switch on. Reading reports the file and 1-based line
+//! of any bad line and rejects duplicate ids.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use super::Task;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PanelError {
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{}:{line}: {msg}", path.display())]
+    Parse {
+        path: PathBuf,
+        line: usize,
+        msg: String,
+    },
+    #[error("{}:{line}: duplicate task id {id:?} (first on line {first})", path.display())]
+    DuplicateId {
+        path: PathBuf,
+        line: usize,
+        id: String,
+        first: usize,
+    },
+}
+
+/// Read a panel. Blank lines are skipped; line numbers in errors are 1-based.
+pub fn read_jsonl(path: &Path) -> Result<Vec<Task>, PanelError> {
+    let text = std::fs::read_to_string(path).map_err(|source| PanelError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let mut tasks = Vec::new();
+    let mut first_line: BTreeMap<String, usize> = BTreeMap::new();
+    for (i, line) in text.lines().enumerate() {
+        let line_no = i + 1;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let task: Task = serde_json::from_str(line).map_err(|e| PanelError::Parse {
+            path: path.to_path_buf(),
+            line: line_no,
+            msg: e.to_string(),
+        })?;
+        if let Some(&first) = first_line.get(&task.id) {
+            return Err(PanelError::DuplicateId {
+                path: path.to_path_buf(),
+                line: line_no,
+                id: task.id,
+                first,
+            });
+        }
+        first_line.insert(task.id.clone(), line_no);
+        tasks.push(task);
+    }
+    Ok(tasks)
+}
+
+/// The canonical JSON Lines text of `tasks` (what [`write_jsonl`] writes).
+pub fn to_jsonl(tasks: &[Task]) -> String {
+    let mut out = String::new();
+    for t in tasks {
+        out.push_str("{\"id\":");
+        out.push_str(&Value::from(t.id.as_str()).to_string());
+        out.push_str(",\"type\":");
+        out.push_str(&Value::from(t.task_type.as_str()).to_string());
+        out.push_str(",\"goal\":");
+        out.push_str(&Value::from(t.goal.as_str()).to_string());
+        out.push_str(",\"world\":");
+        canonical(&t.world, &mut out);
+        out.push_str(",\"expert\":[");
+        for (i, a) in t.expert.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            out.push_str(&Value::from(a.as_str()).to_string());
+        }
+        out.push_str("],\"difficulty\":");
+        out.push_str(&t.difficulty.to_string());
+        out.push_str("}\n");
+    }
+    out
+}
+
+/// Compact JSON with object keys sorted (serde_json's own escaping).
+fn canonical(v: &Value, out: &mut String) {
+    match v {
+        Value::Object(map) => {
+            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+            entries.sort_by(|a, b| a.0.cmp(b.0));
+            out.push('{');
+            for (i, (k, v)) in entries.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(&Value::from(k.as_str()).to_string());
+                out.push(':');
+                canonical(v, out);
+            }
+            out.push('}');
+        }
+        Value::Array(items) => {
+            out.push('[');
+            for (i, v) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                canonical(v, out);
+            }
+            out.push(']');
+        }
+        scalar => out.push_str(&scalar.to_string()),
+    }
+}
+
+/// Write a panel (creating the parent directory if needed).
+pub fn write_jsonl(path: &Path, tasks: &[Task]) -> Result<(), PanelError> {
+    let io = |source| PanelError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(io)?;
+    }
+    std::fs::write(path, to_jsonl(tasks)).map_err(io)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn task(id: &str) -> Task {
+        Task {
+            id: id.into(),
+            task_type: "pick_and_place".into(),
+            goal: "put a \"mug\" in cabinet".into(),
+            world: serde_json::json!({"z": 1, "a": {"y": [1, 2], "b": null}}),
+            expert: vec!["go to cabinet 1".into(), "move mug 1 to cabinet 1".into()],
+            difficulty: 2,
+        }
+    }
+
+    #[test]
+    fn roundtrip_is_canonical_and_byte_identical() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub/panel.jsonl");
+        let tasks = vec![task("a"), task("b")];
+        write_jsonl(&path, &tasks).unwrap();
+        let first = std::fs::read(&path).unwrap();
+        assert_eq!(read_jsonl(&path).unwrap(), tasks);
+        write_jsonl(&path, &read_jsonl(&path).unwrap()).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), first);
+        let text = String::from_utf8(first).unwrap();
+        assert_eq!(
+            text.lines().next().unwrap(),
+            r#"{"id":"a","type":"pick_and_place","goal":"put a \"mug\" in cabinet","world":{"a":{"b":null,"y":[1,2]},"z":1},"expert":["go to cabinet 1","move mug 1 to cabinet 1"],"difficulty":2}"#
+        );
+    }
+
+    #[test]
+    fn malformed_line_names_file_and_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bad.jsonl");
+        let good = to_jsonl(&[task("a")]);
+        std::fs::write(&path, format!("{good}\n{{\"id\": \"b\", oops\n")).unwrap();
+        let err = read_jsonl(&path).unwrap_err();
+        let msg = err.to_string();
+        assert!(matches!(err, PanelError::Parse { line: 3, .. }), "{msg}");
+        assert!(msg.contains("bad.jsonl:3:"), "{msg}");
+        // A well-formed object missing fields is also a parse error.
+        std::fs::write(&path, "{\"id\":\"x\"}\n").unwrap();
+        let msg = read_jsonl(&path).unwrap_err().to_string();
+        assert!(msg.contains(":1:") && msg.contains("missing field"), "{msg}");
+    }
+
+    #[test]
+    fn duplicate_ids_are_rejected() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("dup.jsonl");
+        std::fs::write(&path, to_jsonl(&[task("a"), task("b"), task("a")])).unwrap();
+        let err = read_jsonl(&path).unwrap_err();
+        assert!(
+            matches!(&err, PanelError::DuplicateId { line: 3, first: 1, id, .. } if id == "a"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn missing_file_is_an_io_error() {
+        let err = read_jsonl(Path::new("/nonexistent/panel.jsonl")).unwrap_err();
+        assert!(matches!(err, PanelError::Io { .. }));
+        assert!(err.to_string().contains("/nonexistent/panel.jsonl"));
+    }
+}

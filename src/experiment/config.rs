@@ -1,0 +1,468 @@
+//! Experiment files: a Rhai file that evaluates to a map describing the run
+//! (seed, model, env and panels, guidance script, rollout and trainer
+//! settings, eval schedule, step budget). Unknown keys and wrong types are
+//! rejected with the key's path and its line:col in the file.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::script::ScriptError;
+
+/// A whole experiment.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Experiment {
+    /// Run name: the run directory is `<runs_dir>/<name>`.
+    pub name: String,
+    #[serde(default)]
+    pub seed: u64,
+    /// Optimiser steps in the run.
+    pub steps: usize,
+    #[serde(default = "d_runs_dir")]
+    pub runs_dir: String,
+    pub model: ModelSection,
+    pub env: EnvSection,
+    pub guidance: GuidanceSection,
+    #[serde(default)]
+    pub rollout: RolloutSection,
+    #[serde(default)]
+    pub trainer: TrainerSection,
+    #[serde(default)]
+    pub eval: EvalSection,
+    #[serde(default)]
+    pub checkpoint: CheckpointSection,
+}
+
+fn d_runs_dir() -> String {
+    "runs".into()
+}
+
+/// Which model to train.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSection {
+    /// Folder with `config.json`, `tokenizer.json` and optionally
+    /// `model.safetensors` (without weights the model is initialised from
+    /// the run seed).
+    pub path: String,
+    #[serde(default = "d_device")]
+    pub device: String,
+}
+
+fn d_device() -> String {
+    "cpu".into()
+}
+
+/// Environment and task panels.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EnvSection {
+    #[serde(default = "d_env_kind")]
+    pub kind: String,
+    pub train: String,
+    pub test: String,
+    /// Episode step limit (policy and prefix actions together).
+    #[serde(default = "d_max_steps")]
+    pub max_steps: usize,
+}
+
+fn d_env_kind() -> String {
+    "household".into()
+}
+fn d_max_steps() -> usize {
+    50
+}
+
+/// Guidance script and clustering.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GuidanceSection {
+    pub script: String,
+    /// Number of difficulty clusters (quantiles of expert length).
+    #[serde(default = "d_clusters")]
+    pub clusters: usize,
+}
+
+fn d_clusters() -> usize {
+    3
+}
+
+/// How rollouts are generated.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RolloutSection {
+    /// Tasks per step (each gets a group of `group_size` rollouts).
+    pub tasks_per_step: usize,
+    pub group_size: usize,
+    pub temperature: f64,
+    pub top_p: f64,
+    /// Restrict generation to the admissible actions (token trie).
+    pub constrained: bool,
+    /// Number of recent (observation, action) pairs in the prompt.
+    pub history: usize,
+    /// Reward added per invalid action (usually ≤ 0).
+    pub invalid_penalty: f64,
+    /// Most tokens generated for one action.
+    pub max_action_tokens: usize,
+}
+
+impl Default for RolloutSection {
+    fn default() -> Self {
+        RolloutSection {
+            tasks_per_step: 8,
+            group_size: 8,
+            temperature: 1.0,
+            top_p: 1.0,
+            constrained: true,
+            history: 2,
+            invalid_penalty: 0.0,
+            max_action_tokens: 16,
+        }
+    }
+}
+
+/// GRPO / PPO trainer settings (ALGORITHMS.md §1, §3).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainerSection {
+    pub lr: f64,
+    pub weight_decay: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    pub warmup_steps: usize,
+    /// "cosine" or "constant" after warm-up.
+    pub schedule: String,
+    /// Final lr as a fraction of `lr` for the cosine schedule.
+    pub min_lr_ratio: f64,
+    /// Global gradient-norm clip (0 = off).
+    pub grad_clip: f64,
+    /// "grpo" (divide by group std) or "dr_grpo" (no std division).
+    pub advantage: String,
+    pub clip_low: f64,
+    pub clip_high: f64,
+    /// Dual-clip constant c for negative advantages (0 = off).
+    pub dual_clip: f64,
+    /// "token_mean" or "seq_mean_token_mean".
+    pub aggregation: String,
+    /// KL coefficient β to the frozen initial policy (k3); 0 = off.
+    pub kl_coef: f64,
+    /// Auxiliary NLL weight η on executed expert prefix actions.
+    pub aux_nll_coef: f64,
+    pub entropy_coef: f64,
+    /// Passes over each batch and minibatches per pass.
+    pub ppo_epochs: usize,
+    pub minibatches: usize,
+    /// Sequences scored per forward/backward (memory bound only).
+    pub micro_batch: usize,
+}
+
+impl Default for TrainerSection {
+    fn default() -> Self {
+        TrainerSection {
+            lr: 1e-3,
+            weight_decay: 0.01,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            warmup_steps: 0,
+            schedule: "cosine".into(),
+            min_lr_ratio: 0.1,
+            grad_clip: 1.0,
+            advantage: "grpo".into(),
+            clip_low: 0.2,
+            clip_high: 0.28,
+            dual_clip: 3.0,
+            aggregation: "token_mean".into(),
+            kl_coef: 0.0,
+            aux_nll_coef: 0.0,
+            entropy_coef: 0.0,
+            ppo_epochs: 1,
+            minibatches: 1,
+            micro_batch: 64,
+        }
+    }
+}
+
+/// Periodic evaluation on the test panel (unguided).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EvalSection {
+    /// Evaluate every N steps (and at the start and end); 0 = only start/end.
+    pub every: usize,
+    /// Rollouts per test task.
+    pub samples: usize,
+    /// Greedy decoding (else sampled at the rollout temperature).
+    pub greedy: bool,
+    /// Evaluate on at most this many test tasks (0 = all).
+    pub max_tasks: usize,
+}
+
+impl Default for EvalSection {
+    fn default() -> Self {
+        EvalSection {
+            every: 10,
+            samples: 1,
+            greedy: true,
+            max_tasks: 0,
+        }
+    }
+}
+
+/// Checkpoint schedule.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CheckpointSection {
+    /// Write a checkpoint every N steps (and at the end); 0 = end only.
+    pub every: usize,
+}
+
+impl Default for CheckpointSection {
+    fn default() -> Self {
+        CheckpointSection { every: 10 }
+    }
+}
+
+/// Errors loading an experiment file.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{0}")]
+    Script(#[from] ScriptError),
+    #[error("{file}:{line}:{col}: {msg}")]
+    Field {
+        file: String,
+        line: usize,
+        col: usize,
+        msg: String,
+    },
+    #[error("{file}: {msg}")]
+    Invalid { file: String, msg: String },
+}
+
+impl Experiment {
+    /// Evaluate an experiment file. Relative paths inside it stay relative
+    /// to the working directory (experiments are run from the repo root).
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let file = path.display().to_string();
+        let source = std::fs::read_to_string(path).map_err(|e| ConfigError::Invalid {
+            file: file.clone(),
+            msg: format!("cannot read experiment file: {e}"),
+        })?;
+        Self::from_source(&file, &source)
+    }
+
+    pub fn from_source(file: &str, source: &str) -> Result<Self, ConfigError> {
+        let (engine, _) = crate::script::new_engine();
+        let value: rhai::Dynamic = engine
+            .eval::<rhai::Dynamic>(source)
+            .map_err(|e| ScriptError::from_eval(file, &e))?;
+        if !value.is_map() {
+            return Err(ConfigError::Invalid {
+                file: file.into(),
+                msg: format!(
+                    "an experiment file must evaluate to a map #{{ ... }}, got {}",
+                    value.type_name()
+                ),
+            });
+        }
+        let json: serde_json::Value =
+            serde_json::to_value(&value).map_err(|e| ConfigError::Invalid {
+                file: file.into(),
+                msg: e.to_string(),
+            })?;
+        let exp: Experiment = serde_path_to_error::deserialize(json).map_err(|e| {
+            let path = e.path().to_string();
+            let inner = e.into_inner().to_string();
+            // For unknown fields serde names the field in the message; point
+            // at it rather than at its parent.
+            let mut keys: Vec<String> = if path == "." {
+                vec![]
+            } else {
+                path.split('.').map(str::to_string).collect()
+            };
+            if let Some(unknown) = inner
+                .strip_prefix("unknown field `")
+                .and_then(|s| s.split('`').next())
+            {
+                // serde_path_to_error usually names it already.
+                if keys.last().map(String::as_str) != Some(unknown) {
+                    keys.push(unknown.to_string());
+                }
+            }
+            let (line, col) = locate_key(source, &keys);
+            let shown = if keys.is_empty() {
+                "experiment".to_string()
+            } else {
+                keys.join(".")
+            };
+            ConfigError::Field {
+                file: file.into(),
+                line,
+                col,
+                msg: format!("`{shown}`: {inner}"),
+            }
+        })?;
+        exp.validate(file)?;
+        Ok(exp)
+    }
+
+    fn validate(&self, file: &str) -> Result<(), ConfigError> {
+        let bad = |msg: String| ConfigError::Invalid {
+            file: file.into(),
+            msg,
+        };
+        let r = &self.rollout;
+        let t = &self.trainer;
+        if r.tasks_per_step == 0 || r.group_size == 0 {
+            return Err(bad("rollout.tasks_per_step and rollout.group_size must be ≥ 1".into()));
+        }
+        if !(r.temperature > 0.0) || !(r.top_p > 0.0 && r.top_p <= 1.0) {
+            return Err(bad("rollout.temperature must be > 0 and rollout.top_p in (0, 1]".into()));
+        }
+        if !["grpo", "dr_grpo"].contains(&t.advantage.as_str()) {
+            return Err(bad(format!(
+                "trainer.advantage must be \"grpo\" or \"dr_grpo\", got \"{}\"",
+                t.advantage
+            )));
+        }
+        if !["token_mean", "seq_mean_token_mean"].contains(&t.aggregation.as_str()) {
+            return Err(bad(format!(
+                "trainer.aggregation must be \"token_mean\" or \"seq_mean_token_mean\", got \"{}\"",
+                t.aggregation
+            )));
+        }
+        if !["cosine", "constant"].contains(&t.schedule.as_str()) {
+            return Err(bad(format!(
+                "trainer.schedule must be \"cosine\" or \"constant\", got \"{}\"",
+                t.schedule
+            )));
+        }
+        if t.ppo_epochs == 0 || t.minibatches == 0 || t.micro_batch == 0 {
+            return Err(bad("trainer.ppo_epochs, minibatches and micro_batch must be ≥ 1".into()));
+        }
+        if self.env.kind != "household" {
+            return Err(bad(format!(
+                "env.kind \"{}\" is not available (built-in: household)",
+                self.env.kind
+            )));
+        }
+        if self.model.device != "cpu" {
+            return Err(bad(format!(
+                "model.device \"{}\" is not available in this build (cpu)",
+                self.model.device
+            )));
+        }
+        Ok(())
+    }
+
+    /// The run directory.
+    pub fn run_dir(&self) -> PathBuf {
+        Path::new(&self.runs_dir).join(&self.name)
+    }
+}
+
+/// Find `a: … b: … c:` (the path of keys) in the source: the 1-based line
+/// and column of the last key. Best effort: (0, 0) when not found.
+fn locate_key(source: &str, keys: &[String]) -> (usize, usize) {
+    let mut from = 0usize;
+    let mut found = None;
+    for key in keys {
+        if key.parse::<usize>().is_ok() {
+            continue; // array index: no key in the source
+        }
+        match find_key_from(source, key, from) {
+            Some(i) => {
+                found = Some(i);
+                from = i + key.len();
+            }
+            None => break,
+        }
+    }
+    match found {
+        Some(i) => {
+            let before = &source[..i];
+            let line = before.matches('\n').count() + 1;
+            let col = i - before.rfind('\n').map(|p| p + 1).unwrap_or(0) + 1;
+            (line, col)
+        }
+        None => (0, 0),
+    }
+}
+
+fn find_key_from(source: &str, key: &str, from: usize) -> Option<usize> {
+    let bytes = source.as_bytes();
+    let mut start = from;
+    while let Some(off) = source[start..].find(key) {
+        let i = start + off;
+        let before_ok = i == 0 || !(bytes[i - 1].is_ascii_alphanumeric() || bytes[i - 1] == b'_');
+        let rest = source[i + key.len()..].trim_start();
+        let quoted = i > 0 && bytes[i - 1] == b'"' && rest.starts_with('"');
+        let rest = if quoted { rest[1..].trim_start() } else { rest };
+        if (before_ok || quoted) && rest.starts_with(':') && !rest.starts_with("::") {
+            return Some(if quoted { i - 1 } else { i });
+        }
+        start = i + key.len();
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+let steps = 3;
+#{
+    name: "t",
+    seed: 1,
+    steps: steps,
+    model: #{ path: "models/tiny" },
+    env: #{ train: "a.jsonl", test: "b.jsonl" },
+    guidance: #{ script: "g.rhai" },
+    trainer: #{ lr: 0.001 },
+}
+"#;
+
+    #[test]
+    fn good_file_parses_with_defaults() {
+        let e = Experiment::from_source("x.rhai", GOOD).unwrap();
+        assert_eq!(e.steps, 3);
+        assert_eq!(e.rollout.group_size, 8);
+        assert_eq!(e.trainer.lr, 0.001);
+        assert_eq!(e.env.max_steps, 50);
+    }
+
+    #[test]
+    fn unknown_nested_key_is_positioned() {
+        let src = GOOD.replace("lr: 0.001", "lr: 0.001, lrr: 2");
+        let e = Experiment::from_source("x.rhai", &src).unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.starts_with("x.rhai:10:"), "{msg}");
+        assert!(msg.contains("`trainer.lrr`"), "{msg}");
+        assert!(msg.contains("unknown field"), "{msg}");
+    }
+
+    #[test]
+    fn wrong_type_is_positioned() {
+        let src = GOOD.replace("seed: 1", "seed: \"one\"");
+        let msg = Experiment::from_source("x.rhai", &src)
+            .unwrap_err()
+            .to_string();
+        assert!(msg.starts_with("x.rhai:5:5:"), "{msg}");
+        assert!(msg.contains("`seed`"), "{msg}");
+    }
+
+    #[test]
+    fn missing_key_and_syntax_error() {
+        let src = GOOD.replace("steps: steps,", "");
+        let msg = Experiment::from_source("x.rhai", &src)
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("missing field `steps`"), "{msg}");
+        let msg = Experiment::from_source("x.rhai", "#{ name: }")
+            .unwrap_err()
+            .to_string();
+        assert!(msg.starts_with("x.rhai:1:"), "{msg}");
+    }
+}

@@ -1,0 +1,126 @@
+//! Guidance specs: what a script asks for per rollout, and their resolution
+//! against a task's expert length.
+
+use rhai::Engine;
+use serde::{Deserialize, Serialize};
+
+/// A guidance request for one rollout, as returned by a script's `plan`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum GuidanceSpec {
+    /// Plain rollout.
+    None,
+    /// The env executes the first `n` expert actions before the policy acts.
+    Prefix { n: i64 },
+    /// Prefix depth as a ratio of the expert length (Agent-G²'s r_i).
+    PrefixRatio { r: f64 },
+    /// The first `k` expert actions are shown in the prompt as a plan.
+    Plan { k: i64 },
+    /// The full expert trajectory as an off-policy sample (LUFFY).
+    Expert,
+}
+
+/// A spec made concrete for one task: how many expert actions are executed
+/// and how many are shown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct ResolvedSpec {
+    pub prefix: usize,
+    pub plan: usize,
+    pub expert: bool,
+}
+
+impl ResolvedSpec {
+    pub fn is_guided(&self) -> bool {
+        self.prefix > 0 || self.plan > 0 || self.expert
+    }
+}
+
+impl GuidanceSpec {
+    /// Resolve against expert length `len`. Executed prefixes stop one short
+    /// of the end (n = min(⌈r·L⌉, L−1), Agent-G²) so the policy always acts;
+    /// a plan may show the whole trajectory.
+    pub fn resolve(&self, len: usize) -> ResolvedSpec {
+        let max_prefix = len.saturating_sub(1);
+        match *self {
+            GuidanceSpec::None => ResolvedSpec::default(),
+            GuidanceSpec::Prefix { n } => ResolvedSpec {
+                prefix: (n.max(0) as usize).min(max_prefix),
+                ..Default::default()
+            },
+            GuidanceSpec::PrefixRatio { r } => {
+                let r = if r.is_finite() { r.clamp(0.0, 1.0) } else { 0.0 };
+                let n = (r * len as f64 - 1e-9).ceil().max(0.0) as usize;
+                ResolvedSpec {
+                    prefix: n.min(max_prefix),
+                    ..Default::default()
+                }
+            }
+            GuidanceSpec::Plan { k } => ResolvedSpec {
+                plan: (k.max(0) as usize).min(len),
+                ..Default::default()
+            },
+            GuidanceSpec::Expert => ResolvedSpec {
+                expert: true,
+                ..Default::default()
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for GuidanceSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            GuidanceSpec::None => write!(f, "none()"),
+            GuidanceSpec::Prefix { n } => write!(f, "prefix({n})"),
+            GuidanceSpec::PrefixRatio { r } => write!(f, "prefix_ratio({r})"),
+            GuidanceSpec::Plan { k } => write!(f, "plan({k})"),
+            GuidanceSpec::Expert => write!(f, "expert()"),
+        }
+    }
+}
+
+/// Register the spec type and its constructors with the engine.
+pub fn register(engine: &mut Engine) {
+    engine
+        .register_type_with_name::<GuidanceSpec>("Spec")
+        .register_fn("none", || GuidanceSpec::None)
+        .register_fn("prefix", |n: i64| GuidanceSpec::Prefix { n })
+        .register_fn("prefix", |n: f64| GuidanceSpec::Prefix { n: n.round() as i64 })
+        .register_fn("prefix_ratio", |r: f64| GuidanceSpec::PrefixRatio { r })
+        .register_fn("prefix_ratio", |r: i64| GuidanceSpec::PrefixRatio { r: r as f64 })
+        .register_fn("plan", |k: i64| GuidanceSpec::Plan { k })
+        .register_fn("plan", |k: f64| GuidanceSpec::Plan { k: k.round() as i64 })
+        .register_fn("expert", || GuidanceSpec::Expert)
+        .register_fn("to_string", |s: &mut GuidanceSpec| s.to_string())
+        .register_fn("to_debug", |s: &mut GuidanceSpec| s.to_string())
+        .register_get("kind", |s: &mut GuidanceSpec| match s {
+            GuidanceSpec::None => "none".to_string(),
+            GuidanceSpec::Prefix { .. } => "prefix".to_string(),
+            GuidanceSpec::PrefixRatio { .. } => "prefix_ratio".to_string(),
+            GuidanceSpec::Plan { .. } => "plan".to_string(),
+            GuidanceSpec::Expert => "expert".to_string(),
+        });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefix_ratio_follows_agent_g2() {
+        // n = min(ceil(r L), L - 1)
+        assert_eq!(GuidanceSpec::PrefixRatio { r: 0.5 }.resolve(7).prefix, 4);
+        assert_eq!(GuidanceSpec::PrefixRatio { r: 1.0 }.resolve(7).prefix, 6);
+        assert_eq!(GuidanceSpec::PrefixRatio { r: 0.0 }.resolve(7).prefix, 0);
+        assert_eq!(GuidanceSpec::PrefixRatio { r: 0.01 }.resolve(7).prefix, 1);
+        assert_eq!(GuidanceSpec::PrefixRatio { r: 0.8 }.resolve(1).prefix, 0);
+    }
+
+    #[test]
+    fn prefix_and_plan_are_clamped() {
+        assert_eq!(GuidanceSpec::Prefix { n: 99 }.resolve(5).prefix, 4);
+        assert_eq!(GuidanceSpec::Prefix { n: -3 }.resolve(5).prefix, 0);
+        assert_eq!(GuidanceSpec::Plan { k: 99 }.resolve(5).plan, 5);
+        assert!(!GuidanceSpec::None.resolve(5).is_guided());
+    }
+}

@@ -1,0 +1,4 @@
+//! actguide (modules being assembled).
+
+pub mod env;
+pub mod model;

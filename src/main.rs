@@ -1,0 +1,287 @@
+//! The `actguide` command line: parses arguments, calls the library, prints.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use actguide::experiment::{self, Event, Experiment, RunOptions};
+
+#[derive(Parser)]
+#[command(name = "actguide", version, about = "Guided agentic RL of LLM agents with hot-reloaded Rhai guidance scripts")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run an experiment file (or resume a run directory).
+    Run {
+        /// Experiment file (*.rhai); omit with --resume.
+        experiment: Option<PathBuf>,
+        /// Resume the run in this directory from its latest checkpoint.
+        #[arg(long)]
+        resume: Option<PathBuf>,
+        /// Stop after this many steps (the run can be resumed later).
+        #[arg(long)]
+        stop_after: Option<usize>,
+        /// Plain log lines even on a terminal.
+        #[arg(long)]
+        plain: bool,
+    },
+    /// Task panels.
+    Tasks {
+        #[command(subcommand)]
+        cmd: TasksCmd,
+    },
+    /// Write the built-in tiny model card (config.json + tokenizer.json).
+    InitTiny {
+        #[arg(long, default_value = "models/tiny")]
+        out: PathBuf,
+    },
+    /// Measure rollout and train tokens/s of a model on the household env.
+    Bench {
+        #[arg(long, default_value = "models/tiny")]
+        model: PathBuf,
+        #[arg(long, default_value = "envs/household/train.jsonl")]
+        panel: PathBuf,
+        /// Tasks per step.
+        #[arg(long, default_value_t = 8)]
+        tasks: usize,
+        /// Rollouts per task.
+        #[arg(long, default_value_t = 8)]
+        group: usize,
+        #[arg(long, default_value_t = 3)]
+        steps: usize,
+        /// Episode step limit.
+        #[arg(long, default_value_t = 20)]
+        max_steps: usize,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum TasksCmd {
+    /// Generate train/test panels.
+    Generate {
+        #[arg(long, default_value = "household")]
+        env: String,
+        #[arg(long, default_value_t = 2026)]
+        seed: u64,
+        #[arg(long, default_value_t = 256)]
+        train: usize,
+        #[arg(long, default_value_t = 64)]
+        test: usize,
+        #[arg(long, default_value = "envs/household")]
+        out: PathBuf,
+    },
+    /// Success of a uniformly random valid-action policy by difficulty.
+    Stats {
+        panel: PathBuf,
+        #[arg(long, default_value_t = 16)]
+        rollouts: usize,
+        #[arg(long, default_value_t = 20)]
+        max_steps: usize,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+    },
+}
+
+fn main() {
+    let cli = Cli::parse();
+    if let Err(e) = dispatch(cli) {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn dispatch(cli: Cli) -> Result<()> {
+    match cli.cmd {
+        Cmd::Run {
+            experiment,
+            resume,
+            stop_after,
+            plain,
+        } => run(experiment, resume, stop_after, plain),
+        Cmd::Tasks { cmd } => tasks(cmd),
+        Cmd::InitTiny { out } => {
+            let (cfg, n) = actguide::model::tiny::write_tiny_model(&out, Path::new("envs/household"))?;
+            println!(
+                "wrote {}/config.json and tokenizer.json ({} tokens, {} layers, hidden {})",
+                out.display(),
+                n,
+                cfg.num_hidden_layers,
+                cfg.hidden_size
+            );
+            Ok(())
+        }
+        Cmd::Bench {
+            model,
+            panel,
+            tasks,
+            group,
+            steps,
+            max_steps,
+            seed,
+            json,
+        } => {
+            let report = actguide::bench::run(&actguide::bench::BenchConfig {
+                model,
+                panel,
+                tasks,
+                group,
+                steps,
+                max_steps,
+                seed,
+            })?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                println!("{report}");
+            }
+            Ok(())
+        }
+    }
+}
+
+fn tasks(cmd: TasksCmd) -> Result<()> {
+    use actguide::env::{household, panel};
+    match cmd {
+        TasksCmd::Generate {
+            env,
+            seed,
+            train,
+            test,
+            out,
+        } => {
+            if env != "household" {
+                bail!("unknown env `{env}` (built-in: household)");
+            }
+            let (tr, te) = household::generate_panels(seed, train, test);
+            std::fs::create_dir_all(&out).with_context(|| out.display().to_string())?;
+            panel::write_jsonl(&out.join("train.jsonl"), &tr)?;
+            panel::write_jsonl(&out.join("test.jsonl"), &te)?;
+            println!("wrote {} train and {} test tasks to {}", tr.len(), te.len(), out.display());
+            Ok(())
+        }
+        TasksCmd::Stats {
+            panel: path,
+            rollouts,
+            max_steps,
+            seed,
+        } => {
+            let tasks = panel::read_jsonl(&path)?;
+            let table = household::random_policy_success(&tasks, rollouts, max_steps, seed);
+            println!("random valid-action policy, {rollouts} rollouts/task, limit {max_steps} steps");
+            println!("{:>10} {:>6} {:>8}", "expert_len", "tasks", "success");
+            for (d, n, s) in table {
+                println!("{d:>10} {n:>6} {s:>8.3}");
+            }
+            Ok(())
+        }
+    }
+}
+
+fn run(experiment: Option<PathBuf>, resume: Option<PathBuf>, stop_after: Option<usize>, plain: bool) -> Result<()> {
+    let exp = match (&experiment, &resume) {
+        (Some(p), None) => Experiment::load(p)?,
+        (None, Some(d)) => {
+            let p = d.join("experiment.json");
+            let text = std::fs::read_to_string(&p).with_context(|| format!("{}: cannot read the run's resolved config", p.display()))?;
+            serde_json::from_str(&text).with_context(|| p.display().to_string())?
+        }
+        (Some(_), Some(_)) => bail!("give either an experiment file or --resume RUN_DIR, not both"),
+        (None, None) => bail!("give an experiment file (e.g. examples/quickstart.rhai) or --resume RUN_DIR"),
+    };
+    let tty = std::io::stderr().is_terminal() && !plain;
+    let steps = exp.steps as u64;
+    let bar = if tty {
+        let b = ProgressBar::new(steps);
+        b.set_style(
+            ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} steps  ETA {eta}  {msg}")
+                .expect("static template"),
+        );
+        Some(b)
+    } else {
+        None
+    };
+    let say = |b: &Option<ProgressBar>, s: String| match b {
+        Some(b) => b.println(s),
+        None => eprintln!("{s}"),
+    };
+    let mut on_event = |ev: Event| match ev {
+        Event::Started {
+            run_dir,
+            start_step,
+            steps,
+            params,
+            train_tasks,
+            test_tasks,
+        } => {
+            if let Some(b) = &bar {
+                b.set_position(start_step as u64);
+            }
+            say(
+                &bar,
+                format!(
+                    "run {} | steps {start_step}..{steps} | {params} parameters | {train_tasks} train / {test_tasks} test tasks",
+                    run_dir.display()
+                ),
+            );
+        }
+        Event::Step { step, metrics: m } => {
+            let t = &m["time"];
+            let msg = format!(
+                "train success {:.2} | guided {:.2} depth {:.2} | zero-std {:.2} | {:.1}s/step | {:.0} rollout tok/s {:.0} train tok/s",
+                m["success"].as_f64().unwrap_or(0.0),
+                m["guided_frac"].as_f64().unwrap_or(0.0),
+                m["depth_mean"].as_f64().unwrap_or(0.0),
+                m["frac_zero_std"].as_f64().unwrap_or(0.0),
+                t["step_s"].as_f64().unwrap_or(0.0),
+                t["rollout_tokens_per_s"].as_f64().unwrap_or(0.0),
+                t["train_tokens_per_s"].as_f64().unwrap_or(0.0),
+            );
+            match &bar {
+                Some(b) => {
+                    b.set_position(step as u64 + 1);
+                    b.set_message(msg);
+                }
+                None => eprintln!("step {:>4}/{steps} | {msg}", step + 1),
+            }
+        }
+        Event::Eval { step, result } => say(
+            &bar,
+            format!(
+                "eval @ step {step}: test success {:.3} (by cluster {})",
+                result["success"].as_f64().unwrap_or(0.0),
+                result["success_by_cluster"]
+            ),
+        ),
+        Event::ScriptError(e) => say(&bar, format!("script error (kept going): {e}")),
+        Event::Log(l) => say(&bar, format!("script: {l}")),
+        Event::Checkpoint(p) => {
+            if bar.is_none() {
+                eprintln!("checkpoint {}", p.display());
+            }
+        }
+    };
+    let summary = experiment::run(exp, &RunOptions { resume, stop_after }, &mut on_event)?;
+    if let Some(b) = &bar {
+        b.finish_and_clear();
+    }
+    println!("── summary ─────────────────────────────────────────────");
+    println!("run dir            {}", summary.run_dir.display());
+    println!("steps              {}", summary.steps_done);
+    let f = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.3}"));
+    println!("test success       start {}  →  end {}", f(summary.start_test_success), f(summary.end_test_success));
+    println!("wall time          {:.1} s ({:.2} s/step)", summary.seconds, summary.seconds_per_step);
+    println!("throughput         {:.0} rollout tok/s, {:.0} train tok/s", summary.rollout_tokens_per_s, summary.train_tokens_per_s);
+    Ok(())
+}

@@ -1,0 +1,55 @@
+//! Error type shared by everything under `model/`.
+
+use std::path::PathBuf;
+
+/// Errors raised while building, loading, saving or running the policy model
+/// and its tokenizer. File-related variants always name the file (and the
+/// tensor, where one is involved) so a bad checkpoint can be diagnosed from
+/// the message alone.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// Any error coming out of candle (shape mismatch inside an op, dtype, ...).
+    #[error("candle: {0}")]
+    Candle(#[from] candle_core::Error),
+
+    /// Reading or writing a file failed.
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A `config.json` could not be parsed or is inconsistent.
+    #[error("config {}: {msg}", path.display())]
+    Config { path: PathBuf, msg: String },
+
+    /// A config built in memory is inconsistent (see [`crate::model::ModelConfig::validate`]).
+    #[error("invalid model config: {0}")]
+    InvalidConfig(String),
+
+    /// A weight the architecture needs is not in the checkpoint.
+    #[error("{file}: missing tensor `{name}`")]
+    MissingTensor { file: String, name: String },
+
+    /// A weight has the wrong shape for the config.
+    #[error("{file}: tensor `{name}` has shape {got:?}, expected {expected:?}")]
+    Shape {
+        file: String,
+        name: String,
+        expected: Vec<usize>,
+        got: Vec<usize>,
+    },
+
+    /// Loading, saving or running a tokenizer failed.
+    #[error("tokenizer {}: {msg}", path.display())]
+    Tokenizer { path: PathBuf, msg: String },
+
+    /// A caller passed arguments the model cannot honour (empty prompt,
+    /// target position out of range, token id outside the vocabulary, ...).
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+}
+
+/// Shorthand used throughout the module.
+pub type Result<T> = std::result::Result<T, ModelError>;

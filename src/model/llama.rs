@@ -1,0 +1,1053 @@
+//! The policy: a Llama-style decoder (HF `LlamaForCausalLM` layout and
+//! weight names) with a differentiable scoring path for training and a
+//! batched, KV-cached generation path for rollouts.
+//!
+//! Architecture: token embedding, `num_hidden_layers` blocks of
+//! (RMSNorm → grouped-query attention with rotary embeddings in the HF
+//! rotate-half layout → residual, RMSNorm → SwiGLU MLP → residual), final
+//! RMSNorm, LM head (tied to the embedding or its own `lm_head.weight`).
+//! No biases.
+//!
+//! Everything runs in f32. The training path deliberately avoids candle's
+//! fused kernels (`softmax_last_dim`, `rms_norm`, `rope*`, `sdpa`): they
+//! have no backward pass and candle silently drops the gradient through
+//! them. Every op used here has a backward.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use candle_core::{DType, Device, Tensor, Var, D};
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+use rand_distr::{Distribution, Normal};
+
+use super::config::ModelConfig;
+use super::error::{ModelError, Result};
+use super::trie::TokenTrie;
+
+/// Sequences to score, right-padded internally.
+#[derive(Debug, Clone, Default)]
+pub struct ScoreBatch {
+    /// Full token sequences (prompt + completion).
+    pub seqs: Vec<Vec<u32>>,
+    /// `targets[i]`: positions `p` (`1 <= p < seqs[i].len()`) whose token
+    /// `seqs[i][p]` is scored given `seqs[i][..p]`, in the order they should
+    /// appear in the output.
+    pub targets: Vec<Vec<usize>>,
+    /// Logits are divided by this before the softmax; use the sampling
+    /// temperature so scores match the behaviour log-probs.
+    pub temperature: f64,
+}
+
+impl ScoreBatch {
+    /// Total number of scored tokens (`N` in [`ScoreOutput`]).
+    pub fn num_targets(&self) -> usize {
+        self.targets.iter().map(Vec::len).sum()
+    }
+}
+
+/// Result of [`Policy::score`]; both tensors are part of the autograd graph
+/// when the policy is trainable.
+#[derive(Debug, Clone)]
+pub struct ScoreOutput {
+    /// `(N,)` f32: log-prob of each target token, targets flattened in order
+    /// (sequence 0's targets, then sequence 1's, ...).
+    pub logp: Tensor,
+    /// `(N,)` f32: entropy of the full next-token distribution (at the same
+    /// temperature) at each target.
+    pub entropy: Tensor,
+}
+
+/// Sampling settings for [`Policy::generate`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerateOptions {
+    pub max_new_tokens: usize,
+    /// Softmax temperature for sampling and for the reported log-probs. Must
+    /// be > 0 unless `greedy` (then a non-positive value reports log-probs at
+    /// temperature 1).
+    pub temperature: f64,
+    /// Nucleus sampling mass; `>= 1` disables it, `-> 0` approaches greedy.
+    pub top_p: f64,
+    /// Arg-max decoding (of the constrained logits) instead of sampling.
+    pub greedy: bool,
+    pub eos_token_id: u32,
+}
+
+/// One generated completion.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Generated {
+    /// Generated ids, including the eos if one was emitted.
+    pub tokens: Vec<u32>,
+    /// One per token: `log softmax(logits / temperature)[token]` over the
+    /// full, unconstrained vocabulary (see [`Policy::generate`]).
+    pub logprobs: Vec<f32>,
+    /// True when eos was emitted (false: stopped by `max_new_tokens`).
+    pub finished: bool,
+}
+
+/// Weights of one decoder block (HF shapes: `(out, in)`).
+#[derive(Clone)]
+struct LayerW {
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    o: Tensor,
+    gate: Tensor,
+    up: Tensor,
+    down: Tensor,
+    ln1: Tensor,
+    ln2: Tensor,
+}
+
+#[derive(Clone)]
+struct Weights {
+    embed: Tensor,
+    layers: Vec<LayerW>,
+    norm: Tensor,
+    /// `None` when tied to `embed`.
+    lm_head: Option<Tensor>,
+}
+
+impl Weights {
+    fn map(&self, f: &dyn Fn(&Tensor) -> Result<Tensor>) -> Result<Weights> {
+        Ok(Weights {
+            embed: f(&self.embed)?,
+            layers: self
+                .layers
+                .iter()
+                .map(|l| {
+                    Ok(LayerW {
+                        q: f(&l.q)?,
+                        k: f(&l.k)?,
+                        v: f(&l.v)?,
+                        o: f(&l.o)?,
+                        gate: f(&l.gate)?,
+                        up: f(&l.up)?,
+                        down: f(&l.down)?,
+                        ln1: f(&l.ln1)?,
+                        ln2: f(&l.ln2)?,
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?,
+            norm: f(&self.norm)?,
+            lm_head: self.lm_head.as_ref().map(f).transpose()?,
+        })
+    }
+
+    /// Same storage, no autograd tracking: generation on these builds no graph.
+    fn detached(&self) -> Weights {
+        self.map(&|t| Ok(t.detach()))
+            .expect("detach cannot fail")
+    }
+
+    fn head(&self) -> &Tensor {
+        self.lm_head.as_ref().unwrap_or(&self.embed)
+    }
+
+    fn named(&self) -> Vec<(String, Tensor)> {
+        let mut out = vec![
+            ("model.embed_tokens.weight".to_string(), self.embed.clone()),
+            ("model.norm.weight".to_string(), self.norm.clone()),
+        ];
+        for (i, l) in self.layers.iter().enumerate() {
+            let p = format!("model.layers.{i}");
+            out.extend([
+                (format!("{p}.self_attn.q_proj.weight"), l.q.clone()),
+                (format!("{p}.self_attn.k_proj.weight"), l.k.clone()),
+                (format!("{p}.self_attn.v_proj.weight"), l.v.clone()),
+                (format!("{p}.self_attn.o_proj.weight"), l.o.clone()),
+                (format!("{p}.mlp.gate_proj.weight"), l.gate.clone()),
+                (format!("{p}.mlp.up_proj.weight"), l.up.clone()),
+                (format!("{p}.mlp.down_proj.weight"), l.down.clone()),
+                (format!("{p}.input_layernorm.weight"), l.ln1.clone()),
+                (format!("{p}.post_attention_layernorm.weight"), l.ln2.clone()),
+            ]);
+        }
+        if let Some(h) = &self.lm_head {
+            out.push(("lm_head.weight".to_string(), h.clone()));
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+}
+
+/// Names and HF shapes of every parameter the config needs, sorted by name.
+fn param_specs(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
+    let (h, i, v) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
+    let hd = cfg.head_dim();
+    let (nh, nkv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
+    let mut out = vec![
+        ("model.embed_tokens.weight".to_string(), vec![v, h]),
+        ("model.norm.weight".to_string(), vec![h]),
+    ];
+    for l in 0..cfg.num_hidden_layers {
+        let p = format!("model.layers.{l}");
+        out.extend([
+            (format!("{p}.self_attn.q_proj.weight"), vec![nh * hd, h]),
+            (format!("{p}.self_attn.k_proj.weight"), vec![nkv * hd, h]),
+            (format!("{p}.self_attn.v_proj.weight"), vec![nkv * hd, h]),
+            (format!("{p}.self_attn.o_proj.weight"), vec![h, nh * hd]),
+            (format!("{p}.mlp.gate_proj.weight"), vec![i, h]),
+            (format!("{p}.mlp.up_proj.weight"), vec![i, h]),
+            (format!("{p}.mlp.down_proj.weight"), vec![h, i]),
+            (format!("{p}.input_layernorm.weight"), vec![h]),
+            (format!("{p}.post_attention_layernorm.weight"), vec![h]),
+        ]);
+    }
+    if !cfg.tie_word_embeddings {
+        out.push(("lm_head.weight".to_string(), vec![v, h]));
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+/// Additive mask value for hidden attention columns. `-inf` gives exactly
+/// zero weight; every query row keeps at least its own column visible, so no
+/// row is all `-inf` (which would give NaN).
+const MASKED: f32 = f32::NEG_INFINITY;
+
+/// Budget (in f32 elements) for one prefill chunk's attention scores; keeps
+/// generation memory bounded for large batches of long prompts. An atomic
+/// only so tests can force chunking; results do not depend on it.
+static PREFILL_SCORE_BUDGET: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(24 << 20);
+
+/// The policy model. Trainable instances hold candle [`Var`]s (updated in
+/// place by the optimiser); [`Policy::frozen_copy`] instances hold plain,
+/// detached tensors.
+pub struct Policy {
+    cfg: ModelConfig,
+    device: Device,
+    w: Weights,
+    /// Sorted by name; empty for frozen copies.
+    vars: Vec<(String, Var)>,
+    /// Rotary inverse frequencies, `head_dim / 2` of them, computed in f32
+    /// like HF does.
+    inv_freq: Vec<f32>,
+}
+
+impl std::fmt::Debug for Policy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Policy")
+            .field("cfg", &self.cfg)
+            .field("device", &self.device)
+            .field("num_params", &self.num_params())
+            .field("trainable", &!self.vars.is_empty())
+            .finish()
+    }
+}
+
+/// Per-layer KV cache of a generation batch: `(B, n_kv, capacity, head_dim)`
+/// buffers written in place with `slice_set`.
+struct LayerCache {
+    k: Tensor,
+    v: Tensor,
+}
+
+impl Policy {
+    /// Random init from a seeded RNG (candle's own CPU RNG cannot be
+    /// seeded): matrices ~ N(0, initializer_range), norm weights = 1.
+    /// Parameters are drawn in sorted-name order, so a seed fixes the model.
+    pub fn new_random(cfg: &ModelConfig, rng: &mut ChaCha8Rng, device: &Device) -> Result<Self> {
+        cfg.validate()?;
+        let normal = Normal::new(0.0f32, cfg.initializer_range as f32)
+            .map_err(|e| ModelError::InvalidConfig(format!("initializer_range: {e}")))?;
+        let mut tensors = HashMap::new();
+        for (name, shape) in param_specs(cfg) {
+            let n: usize = shape.iter().product();
+            let data: Vec<f32> = if shape.len() == 1 {
+                vec![1.0; n]
+            } else {
+                (0..n).map(|_| normal.sample(rng)).collect()
+            };
+            tensors.insert(name, Tensor::from_vec(data, shape, device)?);
+        }
+        Self::assemble(cfg, tensors, "<random init>", device, true)
+    }
+
+    /// Builds a trainable policy from HF-named tensors (any float dtype; they
+    /// are converted to f32 and copied into fresh `Var`s on the tensors'
+    /// device). A missing tensor or a wrong shape is an error naming `file`
+    /// and the tensor. Extra tensors are ignored (e.g. a redundant
+    /// `lm_head.weight` in a tied checkpoint, or `rotary_emb.inv_freq`).
+    pub fn from_tensors(
+        cfg: &ModelConfig,
+        tensors: HashMap<String, Tensor>,
+        file: &str,
+    ) -> Result<Self> {
+        cfg.validate()?;
+        let device = match tensors.get("model.embed_tokens.weight") {
+            Some(t) => t.device().clone(),
+            None => {
+                return Err(ModelError::MissingTensor {
+                    file: file.to_string(),
+                    name: "model.embed_tokens.weight".to_string(),
+                })
+            }
+        };
+        Self::assemble(cfg, tensors, file, &device, true)
+    }
+
+    fn assemble(
+        cfg: &ModelConfig,
+        mut tensors: HashMap<String, Tensor>,
+        file: &str,
+        device: &Device,
+        trainable: bool,
+    ) -> Result<Self> {
+        let mut vars = Vec::new();
+        let mut got: HashMap<String, Tensor> = HashMap::new();
+        for (name, shape) in param_specs(cfg) {
+            let t = tensors
+                .remove(&name)
+                .ok_or_else(|| ModelError::MissingTensor {
+                    file: file.to_string(),
+                    name: name.clone(),
+                })?;
+            if t.dims() != shape.as_slice() {
+                return Err(ModelError::Shape {
+                    file: file.to_string(),
+                    name,
+                    expected: shape,
+                    got: t.dims().to_vec(),
+                });
+            }
+            let t = t.to_dtype(DType::F32)?.to_device(device)?;
+            let t = if trainable {
+                let var = Var::from_tensor(&t.detach())?;
+                let t = var.as_tensor().clone();
+                vars.push((name.clone(), var));
+                t
+            } else {
+                t.detach().contiguous()?
+            };
+            got.insert(name, t);
+        }
+        let mut take = |n: &str| got.remove(n).expect("spec'd tensor present");
+        let layers = (0..cfg.num_hidden_layers)
+            .map(|l| {
+                let p = format!("model.layers.{l}");
+                LayerW {
+                    q: take(&format!("{p}.self_attn.q_proj.weight")),
+                    k: take(&format!("{p}.self_attn.k_proj.weight")),
+                    v: take(&format!("{p}.self_attn.v_proj.weight")),
+                    o: take(&format!("{p}.self_attn.o_proj.weight")),
+                    gate: take(&format!("{p}.mlp.gate_proj.weight")),
+                    up: take(&format!("{p}.mlp.up_proj.weight")),
+                    down: take(&format!("{p}.mlp.down_proj.weight")),
+                    ln1: take(&format!("{p}.input_layernorm.weight")),
+                    ln2: take(&format!("{p}.post_attention_layernorm.weight")),
+                }
+            })
+            .collect();
+        let w = Weights {
+            embed: take("model.embed_tokens.weight"),
+            layers,
+            norm: take("model.norm.weight"),
+            lm_head: if cfg.tie_word_embeddings {
+                None
+            } else {
+                Some(take("lm_head.weight"))
+            },
+        };
+        let hd = cfg.head_dim();
+        let inv_freq = (0..hd / 2)
+            .map(|i| 1.0f32 / (cfg.rope_theta as f32).powf((2 * i) as f32 / hd as f32))
+            .collect();
+        Ok(Policy {
+            cfg: cfg.clone(),
+            device: device.clone(),
+            w,
+            vars,
+            inv_freq,
+        })
+    }
+
+    /// Loads HF weights: a `.safetensors` file, a sharded checkpoint's
+    /// `model.safetensors.index.json`, or a directory holding either.
+    pub fn load_safetensors(cfg: &ModelConfig, path: &Path, device: &Device) -> Result<Self> {
+        let io_err = |p: &Path, e: String| ModelError::Io {
+            path: p.to_path_buf(),
+            source: std::io::Error::other(e),
+        };
+        let mut path = path.to_path_buf();
+        if path.is_dir() {
+            let single = path.join("model.safetensors");
+            let index = path.join("model.safetensors.index.json");
+            path = if single.exists() { single } else { index };
+        }
+        let name = path.display().to_string();
+        let files: Vec<std::path::PathBuf> = if name.ends_with(".index.json") {
+            let text = std::fs::read_to_string(&path).map_err(|source| ModelError::Io {
+                path: path.clone(),
+                source,
+            })?;
+            let v: serde_json::Value =
+                serde_json::from_str(&text).map_err(|e| io_err(&path, e.to_string()))?;
+            let map = v
+                .get("weight_map")
+                .and_then(|m| m.as_object())
+                .ok_or_else(|| io_err(&path, "no weight_map in index".into()))?;
+            let mut shards: Vec<String> = map
+                .values()
+                .filter_map(|s| s.as_str().map(str::to_string))
+                .collect();
+            shards.sort();
+            shards.dedup();
+            let dir = path.parent().unwrap_or(Path::new("."));
+            shards.iter().map(|s| dir.join(s)).collect()
+        } else {
+            vec![path.clone()]
+        };
+        let mut tensors = HashMap::new();
+        for f in &files {
+            if !f.exists() {
+                return Err(ModelError::Io {
+                    path: f.clone(),
+                    source: std::io::Error::new(std::io::ErrorKind::NotFound, "file not found"),
+                });
+            }
+            let t = candle_core::safetensors::load(f, device)
+                .map_err(|e| io_err(f, e.to_string()))?;
+            tensors.extend(t);
+        }
+        Self::from_tensors(cfg, tensors, &name)
+    }
+
+    /// Writes all weights under their HF names (no `lm_head.weight` when
+    /// tied), so `transformers` can load the file with the saved config.
+    pub fn save_safetensors(&self, path: &Path) -> Result<()> {
+        let map: HashMap<String, Tensor> = self
+            .w
+            .named()
+            .into_iter()
+            .map(|(n, t)| (n, t.detach()))
+            .collect();
+        candle_core::safetensors::save(&map, path).map_err(|e| ModelError::Io {
+            path: path.to_path_buf(),
+            source: std::io::Error::other(e.to_string()),
+        })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Trainable parameters, sorted by HF name (what the optimiser updates;
+    /// empty for a frozen copy). With tied embeddings the head is
+    /// `model.embed_tokens.weight` and appears once.
+    pub fn named_vars(&self) -> Vec<(String, Var)> {
+        self.vars.clone()
+    }
+
+    /// All weights (trainable or not), sorted by HF name. The tensors share
+    /// storage with the model.
+    pub fn named_tensors(&self) -> Vec<(String, Tensor)> {
+        self.w.named()
+    }
+
+    /// True for policies holding `Var`s (not a frozen copy).
+    pub fn is_trainable(&self) -> bool {
+        !self.vars.is_empty()
+    }
+
+    /// Deep copy with detached weights: later optimiser steps on `self` do
+    /// not affect it, and scoring it builds no autograd graph. Used as the
+    /// frozen KL reference.
+    pub fn frozen_copy(&self) -> Result<Policy> {
+        let w = self.w.map(&|t| Ok(t.detach().copy()?))?;
+        Ok(Policy {
+            cfg: self.cfg.clone(),
+            device: self.device.clone(),
+            w,
+            vars: Vec::new(),
+            inv_freq: self.inv_freq.clone(),
+        })
+    }
+
+    /// Number of scalar parameters (tied head counted once).
+    pub fn num_params(&self) -> usize {
+        self.w.named().iter().map(|(_, t)| t.elem_count()).sum()
+    }
+
+    // ------------------------------------------------------------------
+    // Building blocks
+    // ------------------------------------------------------------------
+
+    /// cos/sin tables `(rows, 1, t, head_dim)` for the given positions
+    /// (`positions.len() == rows * t`), HF layout: both halves repeat the
+    /// `head_dim / 2` frequencies.
+    fn rope_tables(&self, positions: &[usize], rows: usize, t: usize) -> Result<(Tensor, Tensor)> {
+        let hd = self.cfg.head_dim();
+        let half = hd / 2;
+        let mut cos = Vec::with_capacity(positions.len() * hd);
+        let mut sin = Vec::with_capacity(positions.len() * hd);
+        let mut c = vec![0f32; half];
+        let mut s = vec![0f32; half];
+        for &p in positions {
+            for (j, f) in self.inv_freq.iter().enumerate() {
+                let a = p as f32 * f;
+                c[j] = a.cos();
+                s[j] = a.sin();
+            }
+            cos.extend_from_slice(&c);
+            cos.extend_from_slice(&c);
+            sin.extend_from_slice(&s);
+            sin.extend_from_slice(&s);
+        }
+        let cos = Tensor::from_vec(cos, (rows, 1, t, hd), &self.device)?;
+        let sin = Tensor::from_vec(sin, (rows, 1, t, hd), &self.device)?;
+        Ok((cos, sin))
+    }
+
+    fn embed(&self, w: &Weights, ids: &[u32]) -> Result<Tensor> {
+        let v = self.cfg.vocab_size;
+        if let Some(bad) = ids.iter().find(|&&i| i as usize >= v) {
+            return Err(ModelError::InvalidArgument(format!(
+                "token id {bad} outside the vocabulary (vocab_size {v})"
+            )));
+        }
+        let ids = Tensor::from_slice(ids, ids.len(), &self.device)?;
+        Ok(w.embed.index_select(&ids, 0)?)
+    }
+
+    /// One decoder block on `x` `(b * t, hidden)`. `cache = Some((c, off))`
+    /// writes this step's keys/values at column `off` of the cache and
+    /// attends over columns `0..off + t`; `mask` is additive and broadcasts
+    /// to `(b, n_kv, n_rep, t, s)`.
+    #[allow(clippy::too_many_arguments)]
+    fn block(
+        &self,
+        lw: &LayerW,
+        x: &Tensor,
+        b: usize,
+        t: usize,
+        cos: &Tensor,
+        sin: &Tensor,
+        mask: &Tensor,
+        cache: Option<(&mut LayerCache, usize)>,
+    ) -> Result<Tensor> {
+        let eps = self.cfg.rms_norm_eps;
+        let hd = self.cfg.head_dim();
+        let (nh, nkv) = (self.cfg.num_attention_heads, self.cfg.num_key_value_heads);
+        let rep = nh / nkv;
+
+        let h = rms_norm(x, &lw.ln1, eps)?;
+        let q = linear(&h, &lw.q)?
+            .reshape((b, t, nh, hd))?
+            .transpose(1, 2)?;
+        let k = linear(&h, &lw.k)?
+            .reshape((b, t, nkv, hd))?
+            .transpose(1, 2)?;
+        let v = linear(&h, &lw.v)?
+            .reshape((b, t, nkv, hd))?
+            .transpose(1, 2)?
+            .contiguous()?;
+        // Scale q before the product: cheaper than scaling the scores.
+        let q = rope(&q, cos, sin)?.affine(1.0 / (hd as f64).sqrt(), 0.0)?;
+        let k = rope(&k, cos, sin)?;
+        let (k, v) = match cache {
+            None => (k, v),
+            Some((c, off)) => {
+                c.k.slice_set(&k, 2, off)?;
+                c.v.slice_set(&v, 2, off)?;
+                (c.k.narrow(2, 0, off + t)?, c.v.narrow(2, 0, off + t)?)
+            }
+        };
+        let s = k.dim(2)?;
+        // GQA without materialising repeated K/V: query head h = g * rep + r
+        // reads kv head g, so (b, nh, t, hd) regroups to (b, nkv, rep * t, hd).
+        let q = q.reshape((b, nkv, rep * t, hd))?;
+        let att = q.matmul(&k.t()?)?.reshape((b, nkv, rep, t, s))?;
+        let att = softmax_last(&att.broadcast_add(mask)?)?.reshape((b, nkv, rep * t, s))?;
+        let y = att
+            .matmul(&v)?
+            .reshape((b, nh, t, hd))?
+            .transpose(1, 2)?
+            .reshape((b * t, nh * hd))?;
+        let x = (x + linear(&y, &lw.o)?)?;
+
+        let h = rms_norm(&x, &lw.ln2, eps)?;
+        let g = linear(&h, &lw.gate)?.silu()?;
+        let u = linear(&h, &lw.up)?;
+        let m = linear(&(g * u)?, &lw.down)?;
+        Ok((x + m)?)
+    }
+
+    /// Logits `(rows, vocab)` from pre-norm hidden rows `(rows, hidden)`.
+    fn head(&self, w: &Weights, hidden: &Tensor) -> Result<Tensor> {
+        let h = rms_norm(hidden, &w.norm, self.cfg.rms_norm_eps)?;
+        linear(&h, w.head())
+    }
+
+    // ------------------------------------------------------------------
+    // Scoring (training path)
+    // ------------------------------------------------------------------
+
+    /// Log-probs (and entropies) of the target tokens, differentiable with
+    /// respect to every parameter.
+    ///
+    /// Sequences are right-padded (a causal mask suffices: real positions
+    /// never see the padding after them) and truncated after their last
+    /// target's context, the trunk runs once, and only the hidden rows that
+    /// predict a target are gathered before the final norm and LM head, so
+    /// the `(N, vocab)` logits are the only vocabulary-sized activations.
+    pub fn score(&self, batch: &ScoreBatch) -> Result<ScoreOutput> {
+        if batch.seqs.len() != batch.targets.len() {
+            return Err(ModelError::InvalidArgument(format!(
+                "score: {} sequences but {} target lists",
+                batch.seqs.len(),
+                batch.targets.len()
+            )));
+        }
+        if !(batch.temperature.is_finite() && batch.temperature > 0.0) {
+            return Err(ModelError::InvalidArgument(format!(
+                "score: temperature must be > 0, got {}",
+                batch.temperature
+            )));
+        }
+        // Rows that have targets, and how much of each sequence they need.
+        let mut rows: Vec<(usize, usize)> = Vec::new();
+        for (i, (s, tg)) in batch.seqs.iter().zip(&batch.targets).enumerate() {
+            for &p in tg {
+                if p == 0 || p >= s.len() {
+                    return Err(ModelError::InvalidArgument(format!(
+                        "score: target position {p} out of range 1..{} in sequence {i}",
+                        s.len()
+                    )));
+                }
+            }
+            if let Some(&maxp) = tg.iter().max() {
+                rows.push((i, maxp));
+            }
+        }
+        let n_targets = batch.num_targets();
+        if n_targets == 0 {
+            let empty = Tensor::zeros(0, DType::F32, &self.device)?;
+            return Ok(ScoreOutput {
+                logp: empty.clone(),
+                entropy: empty,
+            });
+        }
+        let b = rows.len();
+        let t = rows.iter().map(|r| r.1).max().unwrap_or(1);
+        let mut ids = vec![0u32; b * t];
+        for (r, &(i, len)) in rows.iter().enumerate() {
+            ids[r * t..r * t + len].copy_from_slice(&batch.seqs[i][..len]);
+        }
+        let w = &self.w;
+        let mut x = self.embed(w, &ids)?;
+        let positions: Vec<usize> = (0..t).collect();
+        let (cos, sin) = self.rope_tables(&positions, 1, t)?;
+        let mut mask = vec![0f32; t * t];
+        for qi in 0..t {
+            for kj in qi + 1..t {
+                mask[qi * t + kj] = MASKED;
+            }
+        }
+        let mask = Tensor::from_vec(mask, (1, 1, 1, t, t), &self.device)?;
+        for lw in &w.layers {
+            x = self.block(lw, &x, b, t, &cos, &sin, &mask, None)?;
+        }
+        // Gather the rows predicting each target, in output order.
+        let mut sel = Vec::with_capacity(n_targets);
+        let mut tgt = Vec::with_capacity(n_targets);
+        let mut r = 0usize;
+        for (i, tg) in batch.targets.iter().enumerate() {
+            if tg.is_empty() {
+                continue;
+            }
+            debug_assert_eq!(rows[r].0, i);
+            for &p in tg {
+                sel.push((r * t + p - 1) as u32);
+                tgt.push(batch.seqs[i][p]);
+            }
+            r += 1;
+        }
+        if let Some(bad) = tgt.iter().find(|&&i| i as usize >= self.cfg.vocab_size) {
+            return Err(ModelError::InvalidArgument(format!(
+                "token id {bad} outside the vocabulary (vocab_size {})",
+                self.cfg.vocab_size
+            )));
+        }
+        let sel = Tensor::from_vec(sel, n_targets, &self.device)?;
+        let hidden = x.index_select(&sel, 0)?;
+        let mut logits = self.head(w, &hidden)?;
+        if batch.temperature != 1.0 {
+            logits = logits.affine(1.0 / batch.temperature, 0.0)?;
+        }
+        let logp_all = log_softmax_last(&logits)?;
+        let tgt = Tensor::from_vec(tgt, (n_targets, 1), &self.device)?;
+        let logp = logp_all.gather(&tgt, 1)?.squeeze(1)?;
+        let entropy = (logp_all.exp()? * &logp_all)?.sum(1)?.neg()?;
+        Ok(ScoreOutput { logp, entropy })
+    }
+
+    // ------------------------------------------------------------------
+    // Generation
+    // ------------------------------------------------------------------
+
+    /// Samples completions for a batch of prompts.
+    ///
+    /// Runs on detached weights (candle has no no-grad mode, so this is what
+    /// keeps generation from building an autograd graph). Prompts are
+    /// left-padded to a common length; each sequence's rotary positions start
+    /// at 0 on its first real token and an additive mask hides its pad
+    /// columns, so a prompt's completion does not depend on what it is
+    /// batched with. The prompt is prefilled once (in chunks of sequences to
+    /// bound memory) into a preallocated per-layer KV cache, then all
+    /// unfinished sequences advance one token per step; finished ones are
+    /// dropped from the batch (the caches are compacted).
+    ///
+    /// With `constraints` (one trie per prompt) a sequence can only emit one
+    /// of its trie's actions followed by eos. Sampling uses the masked
+    /// distribution (with top-p), but the reported `logprobs` are the
+    /// *unconstrained* `log softmax(logits / temperature)` over the full
+    /// vocabulary: that is the quantity [`Policy::score`] computes for the
+    /// same sequence (which knows nothing about constraints), so the PPO
+    /// ratio is exactly 1 before the first update, and the learning signal
+    /// moves the model's own distribution towards admissible actions rather
+    /// than relying on the mask.
+    pub fn generate(
+        &self,
+        prompts: &[Vec<u32>],
+        opts: &GenerateOptions,
+        constraints: Option<&[TokenTrie]>,
+        rng: &mut ChaCha8Rng,
+    ) -> Result<Vec<Generated>> {
+        let vocab = self.cfg.vocab_size;
+        if let Some(c) = constraints {
+            if c.len() != prompts.len() {
+                return Err(ModelError::InvalidArgument(format!(
+                    "generate: {} prompts but {} constraint tries",
+                    prompts.len(),
+                    c.len()
+                )));
+            }
+        }
+        if opts.eos_token_id as usize >= vocab {
+            return Err(ModelError::InvalidArgument(format!(
+                "generate: eos id {} outside the vocabulary",
+                opts.eos_token_id
+            )));
+        }
+        let temperature = if opts.temperature.is_finite() && opts.temperature > 0.0 {
+            opts.temperature
+        } else if opts.greedy {
+            1.0
+        } else {
+            return Err(ModelError::InvalidArgument(format!(
+                "generate: temperature must be > 0 when sampling, got {}",
+                opts.temperature
+            )));
+        };
+        if let Some(i) = prompts.iter().position(|p| p.is_empty()) {
+            return Err(ModelError::InvalidArgument(format!(
+                "generate: prompt {i} is empty"
+            )));
+        }
+        let mut out: Vec<Generated> = prompts
+            .iter()
+            .map(|_| Generated {
+                tokens: Vec::new(),
+                logprobs: Vec::new(),
+                finished: false,
+            })
+            .collect();
+        if prompts.is_empty() || opts.max_new_tokens == 0 {
+            return Ok(out);
+        }
+        let w = self.w.detached();
+        let n = prompts.len();
+        let p_len = prompts.iter().map(Vec::len).max().unwrap_or(0);
+        let capacity = p_len + opts.max_new_tokens;
+        let mut pads: Vec<usize> = prompts.iter().map(|p| p_len - p.len()).collect();
+
+        // Prefill in chunks of sequences.
+        let per_seq = self.cfg.num_attention_heads * p_len * p_len;
+        let budget = PREFILL_SCORE_BUDGET.load(std::sync::atomic::Ordering::Relaxed);
+        let chunk = (budget / per_seq.max(1)).clamp(1, n);
+        let mut caches: Vec<Vec<LayerCache>> = Vec::new();
+        let mut logits_parts = Vec::new();
+        for start in (0..n).step_by(chunk) {
+            let end = (start + chunk).min(n);
+            let (c, l) = self.prefill(&w, &prompts[start..end], p_len, capacity)?;
+            caches.push(c);
+            logits_parts.push(l);
+        }
+        let mut cache: Vec<LayerCache> = if caches.len() == 1 {
+            caches.pop().unwrap_or_default()
+        } else {
+            (0..self.cfg.num_hidden_layers)
+                .map(|l| {
+                    let ks: Vec<&Tensor> = caches.iter().map(|c| &c[l].k).collect();
+                    let vs: Vec<&Tensor> = caches.iter().map(|c| &c[l].v).collect();
+                    Ok(LayerCache {
+                        k: Tensor::cat(&ks, 0)?,
+                        v: Tensor::cat(&vs, 0)?,
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?
+        };
+        drop(caches);
+        let mut logits = Tensor::cat(&logits_parts, 0)?;
+
+        let mut active: Vec<usize> = (0..n).collect();
+        let sampler = Sampler {
+            temperature,
+            top_p: opts.top_p,
+            greedy: opts.greedy,
+            eos: opts.eos_token_id,
+        };
+        for step in 0..opts.max_new_tokens {
+            let rows: Vec<Vec<f32>> = logits.to_vec2()?;
+            let mut keep = Vec::with_capacity(active.len());
+            for (row, &i) in active.iter().enumerate() {
+                let allowed_buf: Vec<u32>;
+                let allowed: Option<&[u32]> = match constraints {
+                    None => None,
+                    Some(tries) => {
+                        let mut a = tries[i].allowed(&out[i].tokens);
+                        if a.is_empty() {
+                            // Empty trie: nothing but eos is admissible.
+                            a.push(opts.eos_token_id);
+                        }
+                        allowed_buf = a;
+                        Some(&allowed_buf)
+                    }
+                };
+                let (tok, lp) = sampler.pick(&rows[row], allowed, rng);
+                out[i].tokens.push(tok);
+                out[i].logprobs.push(lp);
+                if tok == opts.eos_token_id {
+                    out[i].finished = true;
+                } else {
+                    keep.push(row);
+                }
+            }
+            if keep.is_empty() || step + 1 == opts.max_new_tokens {
+                break;
+            }
+            if keep.len() < active.len() {
+                let idx = Tensor::from_vec(
+                    keep.iter().map(|&r| r as u32).collect::<Vec<_>>(),
+                    keep.len(),
+                    &self.device,
+                )?;
+                for c in cache.iter_mut() {
+                    c.k = c.k.index_select(&idx, 0)?;
+                    c.v = c.v.index_select(&idx, 0)?;
+                }
+                active = keep.iter().map(|&r| active[r]).collect();
+                pads = keep.iter().map(|&r| pads[r]).collect();
+            }
+            // One decode step for every active sequence.
+            let b = active.len();
+            let last: Vec<u32> = active
+                .iter()
+                .map(|&i| *out[i].tokens.last().expect("token just pushed"))
+                .collect();
+            let off = p_len + step;
+            let positions: Vec<usize> = active.iter().map(|&i| prompts[i].len() + step).collect();
+            let (cos, sin) = self.rope_tables(&positions, b, 1)?;
+            let s = off + 1;
+            let mut mask = vec![0f32; b * s];
+            for (r, &pad) in pads.iter().enumerate() {
+                mask[r * s..r * s + pad].fill(MASKED);
+            }
+            let mask = Tensor::from_vec(mask, (b, 1, 1, 1, s), &self.device)?;
+            let mut x = self.embed(&w, &last)?;
+            for (lw, c) in w.layers.iter().zip(cache.iter_mut()) {
+                x = self.block(lw, &x, b, 1, &cos, &sin, &mask, Some((c, off)))?;
+            }
+            logits = self.head(&w, &x)?;
+        }
+        Ok(out)
+    }
+
+    /// Prefills left-padded `prompts` (padded to `p_len`) into fresh caches
+    /// of `capacity` columns; returns them and the last position's logits.
+    fn prefill(
+        &self,
+        w: &Weights,
+        prompts: &[Vec<u32>],
+        p_len: usize,
+        capacity: usize,
+    ) -> Result<(Vec<LayerCache>, Tensor)> {
+        let b = prompts.len();
+        let t = p_len;
+        let pad_id = self.cfg.pad_token_id.unwrap_or(0);
+        let mut ids = vec![pad_id; b * t];
+        let mut positions = vec![0usize; b * t];
+        // Row r, query i may see column j iff j <= i and j is a real token;
+        // pad queries see themselves (keeps every row finite; their outputs
+        // are never read).
+        let mut mask = vec![MASKED; b * t * t];
+        for (r, p) in prompts.iter().enumerate() {
+            let pad = t - p.len();
+            ids[r * t + pad..(r + 1) * t].copy_from_slice(p);
+            for i in 0..t {
+                positions[r * t + i] = i.saturating_sub(pad);
+                let row = &mut mask[(r * t + i) * t..(r * t + i + 1) * t];
+                if i < pad {
+                    row[i] = 0.0;
+                } else {
+                    row[pad..=i].fill(0.0);
+                }
+            }
+        }
+        let (cos, sin) = self.rope_tables(&positions, b, t)?;
+        let mask = Tensor::from_vec(mask, (b, 1, 1, t, t), &self.device)?;
+        let (nkv, hd) = (self.cfg.num_key_value_heads, self.cfg.head_dim());
+        let mut cache = Vec::with_capacity(w.layers.len());
+        let mut x = self.embed(w, &ids)?;
+        for lw in &w.layers {
+            let mut c = LayerCache {
+                k: Tensor::zeros((b, nkv, capacity, hd), DType::F32, &self.device)?,
+                v: Tensor::zeros((b, nkv, capacity, hd), DType::F32, &self.device)?,
+            };
+            x = self.block(lw, &x, b, t, &cos, &sin, &mask, Some((&mut c, 0)))?;
+            cache.push(c);
+        }
+        let last = x.reshape((b, t, self.cfg.hidden_size))?.narrow(1, t - 1, 1)?.squeeze(1)?;
+        let logits = self.head(w, &last)?;
+        Ok((cache, logits))
+    }
+}
+
+/// Host-side token choice for one sequence at one step.
+struct Sampler {
+    temperature: f64,
+    top_p: f64,
+    greedy: bool,
+    eos: u32,
+}
+
+impl Sampler {
+    /// Returns the chosen token and its unconstrained behaviour log-prob.
+    fn pick(&self, logits: &[f32], allowed: Option<&[u32]>, rng: &mut ChaCha8Rng) -> (u32, f32) {
+        let inv_t = 1.0 / self.temperature;
+        let tok = match allowed {
+            Some(a) => self.choose(logits, a.iter().copied(), inv_t, rng),
+            None => self.choose(logits, 0..logits.len() as u32, inv_t, rng),
+        };
+        // Full-vocabulary log-softmax at the temperature, in f64.
+        let max = logits.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)) as f64;
+        let lse: f64 = logits
+            .iter()
+            .map(|&x| ((x as f64 - max) * inv_t).exp())
+            .sum::<f64>()
+            .ln();
+        let lp = (logits[tok as usize] as f64 - max) * inv_t - lse;
+        (tok, lp as f32)
+    }
+
+    fn choose(
+        &self,
+        logits: &[f32],
+        cands: impl Iterator<Item = u32> + Clone,
+        inv_t: f64,
+        rng: &mut ChaCha8Rng,
+    ) -> u32 {
+        // Arg-max, ties to the lowest id (also the top-p order below).
+        let best = cands
+            .clone()
+            .fold(None::<u32>, |best, c| match best {
+                None => Some(c),
+                Some(b) => {
+                    let (lc, lb) = (logits[c as usize], logits[b as usize]);
+                    if lc > lb || (lc == lb && c < b) {
+                        Some(c)
+                    } else {
+                        Some(b)
+                    }
+                }
+            })
+            .unwrap_or(self.eos);
+        if self.greedy {
+            return best;
+        }
+        let m = logits[best as usize] as f64;
+        let mut probs: Vec<(u32, f64)> = cands
+            .map(|c| (c, ((logits[c as usize] as f64 - m) * inv_t).exp()))
+            .collect();
+        let total: f64 = probs.iter().map(|p| p.1).sum();
+        let mut kept = probs.len();
+        if self.top_p < 1.0 {
+            probs.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            let target = self.top_p.max(0.0) * total;
+            let mut cum = 0.0;
+            kept = probs.len();
+            for (j, p) in probs.iter().enumerate() {
+                cum += p.1;
+                if cum >= target {
+                    kept = j + 1;
+                    break;
+                }
+            }
+        }
+        let probs = &probs[..kept.max(1)];
+        let mass: f64 = probs.iter().map(|p| p.1).sum();
+        let u = rng.random::<f64>() * mass;
+        let mut cum = 0.0;
+        for p in probs {
+            cum += p.1;
+            if u < cum {
+                return p.0;
+            }
+        }
+        probs[probs.len() - 1].0
+    }
+}
+
+// ----------------------------------------------------------------------
+// Differentiable primitives
+// ----------------------------------------------------------------------
+
+/// `x (rows, in) @ w.T` for an HF `(out, in)` weight.
+fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    Ok(x.matmul(&w.t()?)?)
+}
+
+/// `x * rsqrt(mean(x^2) + eps) * w` over the last dim (HF LlamaRMSNorm).
+fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
+    let ms = x.sqr()?.mean_keepdim(D::Minus1)?;
+    let inv = (ms + eps)?.sqrt()?.recip()?;
+    Ok(x.broadcast_mul(&inv)?.broadcast_mul(w)?)
+}
+
+/// Rotary embedding, HF rotate-half layout: `x * cos + rotate_half(x) * sin`
+/// with `rotate_half([a, b]) = [-b, a]` on the two halves of the head dim.
+fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    let hd = x.dim(D::Minus1)?;
+    let a = x.narrow(D::Minus1, 0, hd / 2)?;
+    let b = x.narrow(D::Minus1, hd / 2, hd / 2)?;
+    let rot = Tensor::cat(&[&b.neg()?, &a], D::Minus1)?;
+    Ok((x.broadcast_mul(cos)? + rot.broadcast_mul(sin)?)?)
+}
+
+/// Softmax over the last dim. The max is detached: softmax is
+/// shift-invariant, so its gradient through the max is zero anyway, and
+/// this keeps the graph smaller.
+fn softmax_last(x: &Tensor) -> Result<Tensor> {
+    let max = x.max_keepdim(D::Minus1)?.detach();
+    let e = x.broadcast_sub(&max)?.exp()?;
+    let s = e.sum_keepdim(D::Minus1)?;
+    Ok(e.broadcast_div(&s)?)
+}
+
+/// Log-softmax over the last dim (max detached, see [`softmax_last`]).
+fn log_softmax_last(x: &Tensor) -> Result<Tensor> {
+    let max = x.max_keepdim(D::Minus1)?.detach();
+    let d = x.broadcast_sub(&max)?;
+    let lse = d.exp()?.sum_keepdim(D::Minus1)?.log()?;
+    Ok(d.broadcast_sub(&lse)?)
+}
+
+#[cfg(test)]
+#[path = "llama_tests.rs"]
+mod tests;

@@ -1,0 +1,26 @@
+//! Policy model: a Llama-style decoder in candle, its tokenizer, and the
+//! pieces generation needs.
+//!
+//! - [`config`]: [`ModelConfig`], HF `LlamaForCausalLM` `config.json`
+//!   compatible.
+//! - [`error`]: [`ModelError`], the error type of everything here.
+//! - [`llama`]: [`Policy`], the model: random init / HF safetensors I/O,
+//!   differentiable scoring ([`Policy::score`]) for training and batched,
+//!   KV-cached, optionally constrained generation ([`Policy::generate`]) for
+//!   rollouts.
+//! - [`trie`]: [`TokenTrie`], prefix tree of admissible actions for
+//!   constrained decoding.
+//! - [`tokenizer`]: [`Tok`], a thin wrapper over `tokenizers` (word-level
+//!   vocabularies for tiny models, `tokenizer.json` for real ones).
+
+pub mod config;
+pub mod error;
+pub mod llama;
+pub mod tokenizer;
+pub mod trie;
+
+pub use config::ModelConfig;
+pub use error::ModelError;
+pub use llama::{GenerateOptions, Generated, Policy, ScoreBatch, ScoreOutput};
+pub use tokenizer::Tok;
+pub use trie::TokenTrie;

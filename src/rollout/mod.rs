@@ -1,0 +1,316 @@
+//! Episode runner: many episodes at once, turn by turn, with generation
+//! batched across every live episode; guidance applied (executed expert
+//! prefixes, plans in the prompt); per-turn token records out.
+
+pub mod prompt;
+
+use std::time::Instant;
+
+use rand_chacha::ChaCha8Rng;
+
+use crate::env::{Env, EnvError, Task};
+use crate::guidance::ResolvedSpec;
+use crate::model::{GenerateOptions, ModelError, Policy, Tok, TokenTrie};
+use prompt::{project, render, PromptParts, Step};
+
+/// Rollout settings (from the experiment's `rollout` section).
+#[derive(Debug, Clone)]
+pub struct RolloutOptions {
+    pub temperature: f64,
+    pub top_p: f64,
+    pub greedy: bool,
+    pub constrained: bool,
+    pub history: usize,
+    pub invalid_penalty: f64,
+    pub max_action_tokens: usize,
+}
+
+/// One episode to run.
+#[derive(Debug, Clone)]
+pub struct EpisodeRequest<'a> {
+    pub task: &'a Task,
+    pub spec: ResolvedSpec,
+}
+
+/// One turn of an episode, with everything the trainer needs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Turn {
+    /// Context the action was generated under (with the plan, if any).
+    pub prompt_ids: Vec<u32>,
+    /// The same turn's prompt without the plan (for internalised plan
+    /// guidance: score the guided tokens under the unguided prompt).
+    pub unguided_prompt_ids: Option<Vec<u32>>,
+    /// Action tokens including the end-of-action token.
+    pub action_ids: Vec<u32>,
+    /// Behaviour log-probs of `action_ids` (empty for prefix turns).
+    pub logprobs: Vec<f32>,
+    /// An executed expert action: never a policy token.
+    pub prefix: bool,
+    /// The action matched an admissible action.
+    pub valid: bool,
+    pub action: String,
+}
+
+/// A finished episode.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Episode {
+    pub task_id: String,
+    pub spec: ResolvedSpec,
+    pub turns: Vec<Turn>,
+    pub success: bool,
+    /// Env reward plus shaping (invalid-action penalties).
+    pub reward: f64,
+    pub invalid: usize,
+    /// Policy turns (prefix turns excluded).
+    pub policy_turns: usize,
+    /// Set when the env failed; the episode counts as a failure.
+    pub error: Option<String>,
+}
+
+/// Throughput counters of one `run` call.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct RolloutStats {
+    pub prompt_tokens: usize,
+    pub generated_tokens: usize,
+    pub generate_calls: usize,
+    pub seconds: f64,
+}
+
+/// Errors of the runner (model failures; env failures end one episode).
+#[derive(Debug, thiserror::Error)]
+pub enum RolloutError {
+    #[error(transparent)]
+    Model(#[from] ModelError),
+}
+
+struct Live<'a> {
+    req: EpisodeRequest<'a>,
+    env: Box<dyn Env>,
+    history: Vec<Step>,
+    observation: String,
+    admissible: Vec<String>,
+    plan: Vec<String>,
+    ep: Episode,
+    done: bool,
+}
+
+impl Live<'_> {
+    fn render(&self, with_plan: bool, window: usize) -> String {
+        render(&PromptParts {
+            goal: &self.req.task.goal,
+            plan: if with_plan { &self.plan } else { &[] },
+            history: &self.history,
+            window,
+            status: &self.env.status(),
+            observation: &self.observation,
+            admissible: &self.admissible,
+        })
+    }
+
+    fn fail(&mut self, e: EnvError) {
+        self.ep.error = Some(e.to_string());
+        self.done = true;
+    }
+}
+
+/// Token ids of a prompt: BOS + text, left-truncated to `max_len`.
+fn encode_prompt(tok: &Tok, bos: Option<u32>, text: &str, max_len: usize) -> Result<Vec<u32>, ModelError> {
+    let mut ids = Vec::with_capacity(256);
+    ids.extend(bos);
+    ids.extend(tok.encode(text)?);
+    if ids.len() > max_len {
+        // Keep the end: status, observation and actions matter most.
+        let cut = ids.len() - max_len;
+        ids.drain(bos.map_or(0, |_| 1)..bos.map_or(0, |_| 1) + cut);
+    }
+    Ok(ids)
+}
+
+/// Run all `requests` to completion. `make_env` builds a fresh env per
+/// episode. Generation is one batch over every live episode per turn.
+pub fn run(
+    policy: &Policy,
+    tok: &Tok,
+    make_env: &dyn Fn() -> Box<dyn Env>,
+    requests: &[EpisodeRequest<'_>],
+    opts: &RolloutOptions,
+    rng: &mut ChaCha8Rng,
+) -> Result<(Vec<Episode>, RolloutStats), RolloutError> {
+    let t0 = Instant::now();
+    let cfg = policy.config();
+    let eos = cfg.eos_token_id.unwrap_or(0);
+    let bos = cfg.bos_token_id;
+    let max_prompt = cfg
+        .max_position_embeddings
+        .saturating_sub(opts.max_action_tokens + 1)
+        .max(8);
+    let mut stats = RolloutStats::default();
+    let mut live: Vec<Live> = Vec::with_capacity(requests.len());
+    for req in requests {
+        let mut env = make_env();
+        let ep = Episode {
+            task_id: req.task.id.clone(),
+            spec: req.spec,
+            turns: Vec::new(),
+            success: false,
+            reward: 0.0,
+            invalid: 0,
+            policy_turns: 0,
+            error: None,
+        };
+        let mut l = match env.reset(req.task) {
+            Ok(obs) => Live {
+                req: req.clone(),
+                env,
+                history: Vec::new(),
+                observation: obs.text,
+                admissible: obs.admissible,
+                plan: req.task.expert[..req.spec.plan.min(req.task.expert.len())].to_vec(),
+                ep,
+                done: obs.done,
+            },
+            Err(e) => {
+                let mut l = Live {
+                    req: req.clone(),
+                    env,
+                    history: Vec::new(),
+                    observation: String::new(),
+                    admissible: Vec::new(),
+                    plan: Vec::new(),
+                    ep,
+                    done: true,
+                };
+                l.fail(e);
+                live.push(l);
+                continue;
+            }
+        };
+        // Executed expert prefix: the env runs the actions, they enter the
+        // history, and each is recorded (for the auxiliary NLL only).
+        for a in req.task.expert.iter().take(req.spec.prefix) {
+            let text = l.render(!l.plan.is_empty(), opts.history);
+            let prompt_ids = encode_prompt(tok, bos, &text, max_prompt)?;
+            let mut action_ids = tok.encode(a)?;
+            action_ids.push(eos);
+            match l.env.step(a) {
+                Ok(obs) => {
+                    l.ep.turns.push(Turn {
+                        prompt_ids,
+                        unguided_prompt_ids: None,
+                        action_ids,
+                        logprobs: Vec::new(),
+                        prefix: true,
+                        valid: obs.valid,
+                        action: a.clone(),
+                    });
+                    l.history.push(Step {
+                        action: a.clone(),
+                        observation: obs.text.clone(),
+                    });
+                    l.observation = obs.text;
+                    l.admissible = obs.admissible;
+                    if obs.done {
+                        l.ep.success = obs.success;
+                        l.ep.reward += f64::from(obs.reward);
+                        l.done = true;
+                        break;
+                    }
+                }
+                Err(e) => {
+                    l.fail(e);
+                    break;
+                }
+            }
+        }
+        live.push(l);
+    }
+
+    let gen_opts = GenerateOptions {
+        max_new_tokens: opts.max_action_tokens,
+        temperature: opts.temperature,
+        top_p: opts.top_p,
+        greedy: opts.greedy,
+        eos_token_id: eos,
+    };
+    loop {
+        let idx: Vec<usize> = (0..live.len()).filter(|&i| !live[i].done).collect();
+        if idx.is_empty() {
+            break;
+        }
+        let mut prompts = Vec::with_capacity(idx.len());
+        let mut unguided = Vec::with_capacity(idx.len());
+        let mut tries = Vec::with_capacity(idx.len());
+        for &i in &idx {
+            let l = &live[i];
+            let guided = !l.plan.is_empty();
+            prompts.push(encode_prompt(tok, bos, &l.render(guided, opts.history), max_prompt)?);
+            unguided.push(if guided {
+                Some(encode_prompt(tok, bos, &l.render(false, opts.history), max_prompt)?)
+            } else {
+                None
+            });
+            if opts.constrained {
+                let acts = l
+                    .admissible
+                    .iter()
+                    .map(|a| tok.encode(a))
+                    .collect::<Result<Vec<_>, _>>()?;
+                tries.push(TokenTrie::new(&acts, eos));
+            }
+        }
+        stats.prompt_tokens += prompts.iter().map(Vec::len).sum::<usize>();
+        let gens = policy.generate(
+            &prompts,
+            &gen_opts,
+            if opts.constrained { Some(&tries) } else { None },
+            rng,
+        )?;
+        stats.generate_calls += 1;
+        for ((&i, g), (p, u)) in idx.iter().zip(gens).zip(prompts.into_iter().zip(unguided)) {
+            stats.generated_tokens += g.tokens.len();
+            let l = &mut live[i];
+            let body: Vec<u32> = g.tokens.iter().copied().filter(|&t| t != eos).collect();
+            let text = tok.decode(&body)?;
+            let matched = project(&text, &l.admissible).cloned();
+            let valid = matched.is_some();
+            let action = matched.unwrap_or_else(|| text.clone());
+            let mut action_ids = g.tokens.clone();
+            if !g.finished {
+                // Truncated output: still train on what was generated.
+                action_ids = g.tokens;
+            }
+            l.ep.turns.push(Turn {
+                prompt_ids: p,
+                unguided_prompt_ids: u,
+                action_ids,
+                logprobs: g.logprobs,
+                prefix: false,
+                valid,
+                action: action.clone(),
+            });
+            l.ep.policy_turns += 1;
+            if !valid {
+                l.ep.invalid += 1;
+                l.ep.reward += opts.invalid_penalty;
+            }
+            match l.env.step(&action) {
+                Ok(obs) => {
+                    l.ep.reward += f64::from(obs.reward);
+                    l.history.push(Step {
+                        action,
+                        observation: obs.text.clone(),
+                    });
+                    l.observation = obs.text;
+                    l.admissible = obs.admissible;
+                    if obs.done {
+                        l.ep.success = obs.success;
+                        l.done = true;
+                    }
+                }
+                Err(e) => l.fail(e),
+            }
+        }
+    }
+    stats.seconds = t0.elapsed().as_secs_f64();
+    Ok((live.into_iter().map(|l| l.ep).collect(), stats))
+}

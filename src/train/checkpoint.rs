@@ -1,0 +1,115 @@
+//! Checkpoints: weights (safetensors, HF names) + model config + tokenizer
+//! + optimiser moments + run state (step, script state, task history, eval
+//! history), written to a temporary folder and renamed into place so a
+//! killed run never leaves a half-written checkpoint.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use candle_core::{Device, Tensor};
+use serde::{Deserialize, Serialize};
+
+use crate::guidance::host::HostSnapshot;
+
+/// The non-tensor part of a checkpoint.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RunState {
+    /// Steps completed: the run continues at this step.
+    pub step: usize,
+    pub seed: u64,
+    /// Optimiser update count (Adam bias correction).
+    pub optimizer_t: u64,
+    pub host: HostSnapshot,
+    /// Hash of the guidance script active at this step, and its saved copy.
+    pub script_hash: String,
+    pub script_copy: String,
+    /// Test success by evaluated step.
+    pub evals: Vec<(usize, f64)>,
+    /// Every random stream is derived from (seed, label, step): this
+    /// names the scheme so a resumed run knows how to continue.
+    pub rng: String,
+}
+
+/// Errors reading or writing checkpoints.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error("{path}: {msg}")]
+    Io { path: String, msg: String },
+}
+
+fn io(path: &Path, e: impl std::fmt::Display) -> CheckpointError {
+    CheckpointError::Io {
+        path: path.display().to_string(),
+        msg: e.to_string(),
+    }
+}
+
+/// Write a file atomically (temp file in the same folder + rename).
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, bytes).map_err(|e| io(&tmp, e))?;
+    std::fs::rename(&tmp, path).map_err(|e| io(path, e))
+}
+
+/// What a checkpoint holds besides the run state.
+pub struct CheckpointFiles<'a> {
+    pub weights: HashMap<String, Tensor>,
+    pub optimizer: HashMap<String, Tensor>,
+    pub config_json: &'a str,
+    pub tokenizer_json: &'a str,
+}
+
+/// Write `<dir>/checkpoints/step-NNNNNN/` atomically and point
+/// `<dir>/checkpoints/latest` at it.
+pub fn save(run_dir: &Path, state: &RunState, files: CheckpointFiles<'_>) -> Result<PathBuf, CheckpointError> {
+    let root = run_dir.join("checkpoints");
+    std::fs::create_dir_all(&root).map_err(|e| io(&root, e))?;
+    let name = format!("step-{:06}", state.step);
+    let final_dir = root.join(&name);
+    let tmp = root.join(format!(".{name}.tmp"));
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp).map_err(|e| io(&tmp, e))?;
+    }
+    std::fs::create_dir_all(&tmp).map_err(|e| io(&tmp, e))?;
+    candle_core::safetensors::save(&files.weights, tmp.join("model.safetensors")).map_err(|e| io(&tmp, e))?;
+    candle_core::safetensors::save(&files.optimizer, tmp.join("optimizer.safetensors")).map_err(|e| io(&tmp, e))?;
+    std::fs::write(tmp.join("config.json"), files.config_json).map_err(|e| io(&tmp, e))?;
+    std::fs::write(tmp.join("tokenizer.json"), files.tokenizer_json).map_err(|e| io(&tmp, e))?;
+    let st = serde_json::to_string_pretty(state).map_err(|e| io(&tmp, e))?;
+    std::fs::write(tmp.join("state.json"), st).map_err(|e| io(&tmp, e))?;
+    if final_dir.exists() {
+        std::fs::remove_dir_all(&final_dir).map_err(|e| io(&final_dir, e))?;
+    }
+    std::fs::rename(&tmp, &final_dir).map_err(|e| io(&final_dir, e))?;
+    write_atomic(&root.join("latest"), name.as_bytes())?;
+    Ok(final_dir)
+}
+
+/// A loaded checkpoint.
+pub struct Loaded {
+    pub dir: PathBuf,
+    pub state: RunState,
+    pub weights: HashMap<String, Tensor>,
+    pub optimizer: HashMap<String, Tensor>,
+}
+
+/// Load the checkpoint `latest` points at.
+pub fn load_latest(run_dir: &Path, device: &Device) -> Result<Loaded, CheckpointError> {
+    let root = run_dir.join("checkpoints");
+    let latest = root.join("latest");
+    let name = std::fs::read_to_string(&latest).map_err(|e| io(&latest, format!("no checkpoint to resume from ({e})")))?;
+    let dir = root.join(name.trim());
+    let st_path = dir.join("state.json");
+    let st = std::fs::read_to_string(&st_path).map_err(|e| io(&st_path, e))?;
+    let state: RunState = serde_json::from_str(&st).map_err(|e| io(&st_path, e))?;
+    let wp = dir.join("model.safetensors");
+    let weights = candle_core::safetensors::load(&wp, device).map_err(|e| io(&wp, e))?;
+    let op = dir.join("optimizer.safetensors");
+    let optimizer = candle_core::safetensors::load(&op, device).map_err(|e| io(&op, e))?;
+    Ok(Loaded {
+        dir,
+        state,
+        weights,
+        optimizer,
+    })
+}

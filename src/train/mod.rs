@@ -1,0 +1,333 @@
+//! The trainer: turns episodes into token samples with advantages, and runs
+//! the GRPO/PPO update (clip-higher, dual clip, token-mean or
+//! seq-mean-token-mean aggregation, k3 KL to a frozen reference, Agent-G²'s
+//! auxiliary NLL on executed expert prefixes), with gradient accumulation
+//! over micro-batches, global grad-norm clipping, AdamW and a warm-up +
+//! cosine learning rate.
+
+pub mod advantage;
+pub mod checkpoint;
+pub mod optim;
+pub mod schedule;
+
+use std::time::Instant;
+
+use candle_core::{DType, Tensor};
+use rand::seq::SliceRandom;
+use rand_chacha::ChaCha8Rng;
+
+use crate::experiment::config::TrainerSection;
+use crate::model::{ModelError, Policy, ScoreBatch};
+use crate::rollout::Episode;
+pub use advantage::{group_advantages, is_zero_std, AdvantageKind};
+pub use optim::{AdamW, AdamWParams};
+
+/// One scored sequence: a turn's prompt followed by its action tokens.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    pub seq: Vec<u32>,
+    /// Positions of the action tokens in `seq`.
+    pub targets: Vec<usize>,
+    /// Behaviour log-probs (policy samples) — empty for aux samples.
+    pub old_logp: Vec<f32>,
+    pub advantage: f32,
+    /// Index of the episode this turn belongs to (for seq-mean).
+    pub episode: usize,
+    /// An executed expert prefix action (aux NLL), not a policy turn.
+    pub aux: bool,
+    /// Trajectory weight for the aux NLL: 1 / n_prefix.
+    pub aux_weight: f32,
+}
+
+/// Build samples from episodes with one advantage per episode.
+pub fn build_samples(episodes: &[Episode], advantages: &[f64], with_aux: bool) -> Vec<Sample> {
+    let mut out = Vec::new();
+    for (ei, (ep, &adv)) in episodes.iter().zip(advantages).enumerate() {
+        let n_prefix = ep.turns.iter().filter(|t| t.prefix).count();
+        for t in &ep.turns {
+            if t.action_ids.is_empty() || (t.prefix && !with_aux) {
+                continue;
+            }
+            let mut seq = t.prompt_ids.clone();
+            let start = seq.len();
+            seq.extend(&t.action_ids);
+            out.push(Sample {
+                targets: (start..seq.len()).collect(),
+                seq,
+                old_logp: t.logprobs.clone(),
+                advantage: adv as f32,
+                episode: ei,
+                aux: t.prefix,
+                aux_weight: if t.prefix { 1.0 / n_prefix as f32 } else { 0.0 },
+            });
+        }
+    }
+    out
+}
+
+/// Metrics of one optimiser step.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TrainStats {
+    pub pg_loss: f64,
+    pub aux_loss: f64,
+    pub kl: f64,
+    pub entropy: f64,
+    pub clip_frac: f64,
+    pub grad_norm: f64,
+    pub lr: f64,
+    pub policy_tokens: usize,
+    pub aux_tokens: usize,
+    /// Tokens run through forward+backward (prompts included).
+    pub train_tokens: usize,
+    pub seconds: f64,
+}
+
+/// Errors of the trainer.
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    Candle(#[from] candle_core::Error),
+    #[error("{0}")]
+    State(String),
+}
+
+/// GRPO trainer: optimiser, schedule, frozen reference.
+pub struct Trainer {
+    pub cfg: TrainerSection,
+    pub opt: AdamW,
+    pub reference: Option<Policy>,
+    pub total_steps: usize,
+    pub temperature: f64,
+}
+
+impl Trainer {
+    pub fn new(policy: &Policy, cfg: &TrainerSection, total_steps: usize, temperature: f64) -> Result<Self, TrainError> {
+        let opt = AdamW::new(
+            policy.named_vars(),
+            AdamWParams {
+                beta1: cfg.beta1,
+                beta2: cfg.beta2,
+                eps: cfg.eps,
+                weight_decay: cfg.weight_decay,
+            },
+        )?;
+        let reference = if cfg.kl_coef > 0.0 {
+            Some(policy.frozen_copy()?)
+        } else {
+            None
+        };
+        Ok(Trainer {
+            cfg: cfg.clone(),
+            opt,
+            reference,
+            total_steps,
+            temperature,
+        })
+    }
+
+    pub fn lr(&self, step: usize) -> f64 {
+        schedule::lr_at(
+            self.cfg.lr,
+            step,
+            self.total_steps,
+            self.cfg.warmup_steps,
+            self.cfg.schedule == "cosine",
+            self.cfg.min_lr_ratio,
+        )
+    }
+
+    /// One optimiser step per minibatch, `ppo_epochs` passes over `samples`.
+    pub fn step(&mut self, policy: &Policy, samples: &[Sample], step: usize, rng: &mut ChaCha8Rng) -> Result<TrainStats, TrainError> {
+        let t0 = Instant::now();
+        let lr = self.lr(step);
+        let mut stats = TrainStats {
+            lr,
+            ..Default::default()
+        };
+        let mut sums = Sums::default();
+        let mut updates = 0usize;
+        for _ in 0..self.cfg.ppo_epochs {
+            let mut order: Vec<usize> = (0..samples.len()).collect();
+            if self.cfg.minibatches > 1 {
+                order.shuffle(rng);
+            }
+            let per = samples.len().div_ceil(self.cfg.minibatches).max(1);
+            for mb in order.chunks(per) {
+                let mb: Vec<&Sample> = mb.iter().map(|&i| &samples[i]).collect();
+                let grads = self.accumulate(policy, &mb, &mut sums)?;
+                let norm = global_norm(&grads)?;
+                stats.grad_norm += norm;
+                let grads = if self.cfg.grad_clip > 0.0 && norm > self.cfg.grad_clip {
+                    let s = self.cfg.grad_clip / (norm + 1e-6);
+                    grads
+                        .into_iter()
+                        .map(|g| g.map(|g| g * s).transpose())
+                        .collect::<Result<Vec<_>, _>>()?
+                } else {
+                    grads
+                };
+                self.opt.step(&grads, lr)?;
+                updates += 1;
+            }
+        }
+        let pt = sums.policy_tokens.max(1) as f64;
+        stats.pg_loss = sums.pg / updates.max(1) as f64;
+        stats.aux_loss = if sums.aux_tokens > 0 { sums.aux_nll / sums.aux_tokens as f64 } else { 0.0 };
+        stats.kl = sums.kl / pt;
+        stats.entropy = sums.entropy / pt;
+        stats.clip_frac = sums.clipped as f64 / pt;
+        stats.grad_norm /= updates.max(1) as f64;
+        stats.policy_tokens = sums.policy_tokens / self.cfg.ppo_epochs;
+        stats.aux_tokens = sums.aux_tokens / self.cfg.ppo_epochs;
+        stats.train_tokens = sums.train_tokens;
+        stats.seconds = t0.elapsed().as_secs_f64();
+        Ok(stats)
+    }
+
+    /// Forward/backward over micro-batches of one minibatch; returns the
+    /// summed gradients aligned with the optimiser's variables.
+    fn accumulate(&self, policy: &Policy, mb: &[&Sample], sums: &mut Sums) -> Result<Vec<Option<Tensor>>, TrainError> {
+        let c = &self.cfg;
+        // Token weights so that the minibatch loss is the chosen aggregate.
+        let policy_tokens: usize = mb.iter().filter(|s| !s.aux).map(|s| s.targets.len()).sum();
+        let mut ep_tokens = std::collections::BTreeMap::<usize, usize>::new();
+        for s in mb.iter().filter(|s| !s.aux) {
+            *ep_tokens.entry(s.episode).or_default() += s.targets.len();
+        }
+        let n_eps = ep_tokens.len().max(1);
+        let aux_weight_total: f64 = mb.iter().filter(|s| s.aux).map(|s| s.aux_weight as f64 * s.targets.len() as f64).sum();
+        let use_aux = c.aux_nll_coef > 0.0 && aux_weight_total > 0.0;
+
+        // Sort by length so micro-batches pad little; stable for determinism.
+        let mut idx: Vec<usize> = (0..mb.len()).filter(|&i| !mb[i].aux || use_aux).collect();
+        idx.sort_by_key(|&i| mb[i].seq.len());
+        let vars = self.opt.vars();
+        let mut acc: Vec<Option<Tensor>> = vec![None; vars.len()];
+        let dev = policy.device().clone();
+        for chunk in idx.chunks(c.micro_batch) {
+            let batch = ScoreBatch {
+                seqs: chunk.iter().map(|&i| mb[i].seq.clone()).collect(),
+                targets: chunk.iter().map(|&i| mb[i].targets.clone()).collect(),
+                temperature: self.temperature,
+            };
+            sums.train_tokens += batch.seqs.iter().map(Vec::len).sum::<usize>();
+            let out = policy.score(&batch)?;
+            // Per-token constants.
+            let mut w_pg = Vec::new();
+            let mut w_aux = Vec::new();
+            let mut adv = Vec::new();
+            let mut old = Vec::new();
+            for &i in chunk {
+                let s = mb[i];
+                for k in 0..s.targets.len() {
+                    if s.aux {
+                        w_pg.push(0.0f32);
+                        w_aux.push((s.aux_weight as f64 / aux_weight_total) as f32);
+                        adv.push(0.0);
+                        old.push(0.0);
+                    } else {
+                        let w = if c.aggregation == "token_mean" {
+                            1.0 / policy_tokens.max(1) as f64
+                        } else {
+                            1.0 / (ep_tokens[&s.episode] as f64 * n_eps as f64)
+                        };
+                        w_pg.push(w as f32);
+                        w_aux.push(0.0);
+                        adv.push(s.advantage);
+                        old.push(s.old_logp.get(k).copied().unwrap_or(0.0));
+                    }
+                }
+            }
+            let n = w_pg.len();
+            let t = |v: Vec<f32>| Tensor::from_vec(v, n, &dev);
+            let (w_pg_t, w_aux_t, adv_t, old_t) = (t(w_pg.clone())?, t(w_aux)?, t(adv.clone())?, t(old)?);
+            let logp = &out.logp;
+            let ratio = (logp - &old_t)?.exp()?;
+            let neg_adv = adv_t.neg()?;
+            let l1 = (&neg_adv * &ratio)?;
+            let l2 = (&neg_adv * ratio.clamp(1.0 - c.clip_low, 1.0 + c.clip_high)?)?;
+            let mut pg = l1.maximum(&l2)?;
+            if c.dual_clip > 0.0 {
+                let cap = (&neg_adv * c.dual_clip)?;
+                let neg_mask = adv_t.lt(0.0f32)?;
+                pg = neg_mask.where_cond(&pg.minimum(&cap)?, &pg)?;
+            }
+            let pg_loss = (&pg * &w_pg_t)?.sum_all()?;
+            let mut loss = pg_loss.clone();
+            if use_aux {
+                let aux = (logp.neg()? * &w_aux_t)?.sum_all()?;
+                loss = (loss + (aux * c.aux_nll_coef)?)?;
+            }
+            let mut kl_vals = None;
+            if let Some(r) = &self.reference {
+                let ref_logp = r.score(&batch)?.logp.detach();
+                let d = (&ref_logp - logp)?;
+                let kl = ((d.exp()? - &d)? - 1.0)?;
+                loss = (loss + ((&kl * &w_pg_t)?.sum_all()? * c.kl_coef)?)?;
+                kl_vals = Some(kl.detach().to_vec1::<f32>()?);
+            }
+            if c.entropy_coef > 0.0 {
+                loss = (loss - ((&out.entropy * &w_pg_t)?.sum_all()? * c.entropy_coef)?)?;
+            }
+            let grads = loss.backward()?;
+            for (k, (_, v)) in vars.iter().enumerate() {
+                if let Some(g) = grads.get(v.as_tensor()) {
+                    acc[k] = Some(match acc[k].take() {
+                        Some(a) => (a + g)?,
+                        None => g.clone(),
+                    });
+                }
+            }
+            // Metrics on the host side.
+            sums.pg += pg_loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+            let lp = logp.detach().to_vec1::<f32>()?;
+            let ent = out.entropy.detach().to_vec1::<f32>()?;
+            let rt = ratio.detach().to_vec1::<f32>()?;
+            let mut k = 0;
+            for &i in chunk {
+                let s = mb[i];
+                for _ in 0..s.targets.len() {
+                    if s.aux {
+                        sums.aux_nll -= lp[k] as f64;
+                        sums.aux_tokens += 1;
+                    } else {
+                        sums.policy_tokens += 1;
+                        sums.entropy += ent[k] as f64;
+                        if let Some(kv) = &kl_vals {
+                            sums.kl += kv[k] as f64;
+                        }
+                        let a = adv[k];
+                        if (a > 0.0 && rt[k] as f64 > 1.0 + c.clip_high) || (a < 0.0 && (rt[k] as f64) < 1.0 - c.clip_low) {
+                            sums.clipped += 1;
+                        }
+                    }
+                    k += 1;
+                }
+            }
+        }
+        Ok(acc)
+    }
+}
+
+#[derive(Default)]
+struct Sums {
+    pg: f64,
+    aux_nll: f64,
+    kl: f64,
+    entropy: f64,
+    clipped: usize,
+    policy_tokens: usize,
+    aux_tokens: usize,
+    train_tokens: usize,
+}
+
+/// Global L2 norm over all gradients.
+pub fn global_norm(grads: &[Option<Tensor>]) -> Result<f64, candle_core::Error> {
+    let mut total = 0f64;
+    for g in grads.iter().flatten() {
+        total += g.sqr()?.sum_all()?.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+    }
+    Ok(total.sqrt())
+}
