@@ -58,7 +58,7 @@ pub fn run(cfg: &BenchConfig) -> Result<BenchReport, RunError> {
     let tok = Tok::from_file(&cfg.model.join("tokenizer.json"))?;
     let policy = Policy::new_random(&mcfg, &mut seed::rng(cfg.seed, &[1]), &Device::Cpu)?;
     let tasks = panel::read_jsonl(&cfg.panel)?;
-    let mut trainer = Trainer::new(&policy, &TrainerSection::default(), cfg.steps, 1.0)?;
+    let mut trainer = Trainer::new(&policy, None, &TrainerSection::default(), cfg.steps, 1.0)?;
     let opts = RolloutOptions {
         temperature: 1.0,
         top_p: 1.0,

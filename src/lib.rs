@@ -1,4 +1,30 @@
-//! actguide (modules being assembled).
+//! actguide: guided agentic reinforcement learning of LLM agents.
+//!
+//! A compiled core — a candle transformer policy, built-in text
+//! environments with expert planners, a batched episode runner and a GRPO
+//! trainer — driven by Rhai scripts that decide, per task and step, how much
+//! expert guidance a rollout gets (executed expert prefixes, plans in the
+//! prompt).
+//!
+//! Modules, in data-flow order:
+//! - [`env`]: the `Env` trait, task panels, the household environment and
+//!   its expert planner;
+//! - [`model`]: config, tokenizer, the trainable Llama-style policy,
+//!   batched generation with constrained decoding, log-prob scoring;
+//! - [`script`]: the sandboxed Rhai engine and its helper API;
+//! - [`guidance`]: guidance specs, clusters, the strategy host;
+//! - [`rollout`]: prompts, action projection, the episode runner;
+//! - [`train`]: advantages, PPO/GRPO losses, AdamW, schedules, checkpoints;
+//! - [`experiment`]: experiment files, the run loop, metrics, evaluation;
+//! - [`bench`]: throughput measurement.
 
+pub mod bench;
 pub mod env;
+pub mod experiment;
+pub mod guidance;
 pub mod model;
+pub mod rollout;
+pub mod script;
+pub mod seed;
+pub mod tiny;
+pub mod train;

@@ -1,7 +1,7 @@
 //! The `actguide` command line: parses arguments, calls the library, prints.
 
 use std::io::IsTerminal;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
@@ -112,7 +112,7 @@ fn dispatch(cli: Cli) -> Result<()> {
         } => run(experiment, resume, stop_after, plain),
         Cmd::Tasks { cmd } => tasks(cmd),
         Cmd::InitTiny { out } => {
-            let (cfg, n) = actguide::model::tiny::write_tiny_model(&out, Path::new("envs/household"))?;
+            let (cfg, n) = actguide::tiny::write_tiny_model(&out)?;
             println!(
                 "wrote {}/config.json and tokenizer.json ({} tokens, {} layers, hidden {})",
                 out.display(),

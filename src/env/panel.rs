@@ -181,7 +181,10 @@ mod tests {
         // A well-formed object missing fields is also a parse error.
         std::fs::write(&path, "{\"id\":\"x\"}\n").unwrap();
         let msg = read_jsonl(&path).unwrap_err().to_string();
-        assert!(msg.contains(":1:") && msg.contains("missing field"), "{msg}");
+        assert!(
+            msg.contains(":1:") && msg.contains("missing field"),
+            "{msg}"
+        );
     }
 
     #[test]

@@ -29,7 +29,8 @@ pub struct Experiment {
     #[serde(default)]
     pub trainer: TrainerSection,
     #[serde(default)]
-    pub eval: EvalSection,
+    /// (`eval` is a reserved word in Rhai, hence the long name.)
+    pub evaluation: EvalSection,
     #[serde(default)]
     pub checkpoint: CheckpointSection,
 }
@@ -421,6 +422,7 @@ let steps = 3;
     env: #{ train: "a.jsonl", test: "b.jsonl" },
     guidance: #{ script: "g.rhai" },
     trainer: #{ lr: 0.001 },
+    evaluation: #{ every: 5 },
 }
 "#;
 

@@ -153,7 +153,7 @@ pub fn run(exp: Experiment, opts: &RunOptions, on_event: &mut dyn FnMut(Event)) 
         });
         step += 1;
         done_here += 1;
-        let every = ctx.exp.eval.every;
+        let every = ctx.exp.evaluation.every;
         if step == steps || (every > 0 && step % every == 0) {
             run_eval(&mut ctx, step, &make, on_event)?;
         }
@@ -207,18 +207,36 @@ fn setup(exp: Experiment, opts: &RunOptions) -> Result<(Ctx, usize), RunError> {
     let tok = Tok::from_file(&tok_path)?;
     let tokenizer_json = std::fs::read_to_string(&tok_path).map_err(|e| io_err(&tok_path, e))?;
     let config_json = std::fs::read_to_string(&cfg_path).map_err(|e| io_err(&cfg_path, e))?;
-    let policy = match &resumed {
-        Some(l) => Policy::from_tensors(&cfg, l.weights.clone(), &l.dir.join("model.safetensors").display().to_string())?,
-        None => {
-            let w = mdir.join("model.safetensors");
-            if w.exists() {
-                Policy::load_safetensors(&cfg, &w, &device)?
-            } else {
-                Policy::new_random(&cfg, &mut seed::rng(exp.seed, &[seed::label("init")]), &device)?
-            }
+    // The initial policy: weights from the model folder, else from the
+    // seed. It is also the frozen KL reference, after a resume too.
+    let w = mdir.join("model.safetensors");
+    let load_initial = || -> Result<Policy, ModelError> {
+        if w.exists() {
+            Policy::load_safetensors(&cfg, &w, &device)
+        } else {
+            Policy::new_random(&cfg, &mut seed::rng(exp.seed, &[seed::label("init")]), &device)
         }
     };
-    let mut trainer = Trainer::new(&policy, &exp.trainer, exp.steps, exp.rollout.temperature)?;
+    let policy = match &resumed {
+        Some(l) => Policy::from_tensors(
+            &cfg,
+            l.weights.clone(),
+            &l.dir.join("model.safetensors").display().to_string(),
+        )?,
+        None => load_initial()?,
+    };
+    let reference = if exp.trainer.kl_coef > 0.0 {
+        Some(load_initial()?)
+    } else {
+        None
+    };
+    let mut trainer = Trainer::new(
+        &policy,
+        reference.as_ref(),
+        &exp.trainer,
+        exp.steps,
+        exp.rollout.temperature,
+    )?;
     // The script: on resume, the version that was active at the checkpoint.
     let script_path = match &resumed {
         Some(l) => PathBuf::from(&l.state.script_copy),
@@ -514,7 +532,7 @@ fn train_step(
 }
 
 fn run_eval(ctx: &mut Ctx, step: usize, make: &dyn Fn() -> Box<dyn Env>, on_event: &mut dyn FnMut(Event)) -> Result<(), RunError> {
-    let e = &ctx.exp.eval;
+    let e = &ctx.exp.evaluation;
     let n = if e.max_tasks == 0 { ctx.test.len() } else { e.max_tasks.min(ctx.test.len()) };
     let mut opts = ctx.ropts.clone();
     opts.greedy = e.greedy;

@@ -16,13 +16,14 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use candle_core::{DType, Device, Tensor, Var, D};
+use candle_core::{DType, Device, Tensor, Var};
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, Normal};
 
 use super::config::ModelConfig;
 use super::error::{ModelError, Result};
+use super::ops;
 use super::trie::TokenTrie;
 
 /// Sequences to score, right-padded internally.
@@ -97,6 +98,9 @@ struct LayerW {
     down: Tensor,
     ln1: Tensor,
     ln2: Tensor,
+    /// `cat([gate, up])`, precomputed for generation (detached weights);
+    /// `None` on the training path, where it is rebuilt from the `Var`s.
+    gu: Option<Tensor>,
 }
 
 #[derive(Clone)]
@@ -126,6 +130,7 @@ impl Weights {
                         down: f(&l.down)?,
                         ln1: f(&l.ln1)?,
                         ln2: f(&l.ln2)?,
+                        gu: None,
                     })
                 })
                 .collect::<Result<Vec<_>>>()?,
@@ -135,9 +140,12 @@ impl Weights {
     }
 
     /// Same storage, no autograd tracking: generation on these builds no graph.
-    fn detached(&self) -> Weights {
-        self.map(&|t| Ok(t.detach()))
-            .expect("detach cannot fail")
+    fn detached(&self) -> Result<Weights> {
+        let mut w = self.map(&|t| Ok(t.detach()))?;
+        for l in &mut w.layers {
+            l.gu = Some(Tensor::cat(&[&l.gate, &l.up], 0)?);
+        }
+        Ok(w)
     }
 
     fn head(&self) -> &Tensor {
@@ -206,11 +214,18 @@ fn param_specs(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
 /// row is all `-inf` (which would give NaN).
 const MASKED: f32 = f32::NEG_INFINITY;
 
-/// Budget (in f32 elements) for one prefill chunk's attention scores; keeps
-/// generation memory bounded for large batches of long prompts. An atomic
-/// only so tests can force chunking; results do not depend on it.
-static PREFILL_SCORE_BUDGET: std::sync::atomic::AtomicUsize =
-    std::sync::atomic::AtomicUsize::new(24 << 20);
+/// Budget (in f32 elements) for the largest activation of one chunk of
+/// sequences (attention scores or the fused gate/up projection). Scoring
+/// and prefill run the trunk chunk by chunk: on CPU, tensors of a few MB
+/// stay in the allocator's heap and in cache, while tens-of-MB tensors are
+/// mmapped and page-faulted afresh on every op, which costs more than the
+/// arithmetic. Results do not depend on it (up to float rounding).
+const CHUNK_BUDGET: usize = 1 << 21;
+
+thread_local! {
+    /// Per-thread override of [`CHUNK_BUDGET`], for tests that force tiny chunks.
+    static CHUNK_BUDGET_OVERRIDE: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+}
 
 /// The policy model. Trainable instances hold candle [`Var`]s (updated in
 /// place by the optimiser); [`Policy::frozen_copy`] instances hold plain,
@@ -235,6 +250,16 @@ impl std::fmt::Debug for Policy {
             .field("trainable", &!self.vars.is_empty())
             .finish()
     }
+}
+
+/// How attention hides columns.
+#[derive(Clone, Copy)]
+enum AttnMask<'a> {
+    /// Plain causal mask (scoring: right-padded, positions from 0).
+    Causal,
+    /// Additive mask broadcastable to `(b, n_kv, n_rep, t, s)` (generation:
+    /// left padding).
+    Additive(&'a Tensor),
 }
 
 /// Per-layer KV cache of a generation batch: `(B, n_kv, capacity, head_dim)`
@@ -337,6 +362,7 @@ impl Policy {
                     down: take(&format!("{p}.mlp.down_proj.weight")),
                     ln1: take(&format!("{p}.input_layernorm.weight")),
                     ln2: take(&format!("{p}.post_attention_layernorm.weight")),
+                    gu: None,
                 }
             })
             .collect();
@@ -478,30 +504,30 @@ impl Policy {
     // Building blocks
     // ------------------------------------------------------------------
 
-    /// cos/sin tables `(rows, 1, t, head_dim)` for the given positions
-    /// (`positions.len() == rows * t`), HF layout: both halves repeat the
-    /// `head_dim / 2` frequencies.
-    fn rope_tables(&self, positions: &[usize], rows: usize, t: usize) -> Result<(Tensor, Tensor)> {
-        let hd = self.cfg.head_dim();
-        let half = hd / 2;
-        let mut cos = Vec::with_capacity(positions.len() * hd);
-        let mut sin = Vec::with_capacity(positions.len() * hd);
-        let mut c = vec![0f32; half];
-        let mut s = vec![0f32; half];
-        for &p in positions {
-            for (j, f) in self.inv_freq.iter().enumerate() {
-                let a = p as f32 * f;
-                c[j] = a.cos();
-                s[j] = a.sin();
-            }
-            cos.extend_from_slice(&c);
-            cos.extend_from_slice(&c);
-            sin.extend_from_slice(&s);
-            sin.extend_from_slice(&s);
+    /// Splits sequences, sorted by decreasing length `lens`, into
+    /// consecutive chunks whose largest activation fits [`CHUNK_BUDGET`].
+    fn plan_chunks(&self, lens: &[usize]) -> Vec<std::ops::Range<usize>> {
+        let budget = CHUNK_BUDGET_OVERRIDE.with(|c| c.get()).unwrap_or(CHUNK_BUDGET);
+        let widest = (2 * self.cfg.intermediate_size)
+            .max(self.cfg.hidden_size)
+            .max(self.cfg.num_attention_heads * self.cfg.head_dim());
+        let mut out = Vec::new();
+        let mut start = 0;
+        while start < lens.len() {
+            let t = lens[start].max(1);
+            let per_seq = t * widest.max(self.cfg.num_attention_heads * t);
+            let n = (budget / per_seq).max(1);
+            let end = (start + n).min(lens.len());
+            out.push(start..end);
+            start = end;
         }
-        let cos = Tensor::from_vec(cos, (rows, 1, t, hd), &self.device)?;
-        let sin = Tensor::from_vec(sin, (rows, 1, t, hd), &self.device)?;
-        Ok((cos, sin))
+        out
+    }
+
+    /// Rotary tables for `rows * t` positions (`rows` = 1 when all
+    /// sequences share positions `0..t`).
+    fn rope_tables(&self, positions: &[usize], rows: usize, t: usize) -> ops::RopeTables {
+        ops::RopeTables::new(&self.inv_freq, positions, rows, t)
     }
 
     fn embed(&self, w: &Weights, ids: &[u32]) -> Result<Tensor> {
@@ -515,10 +541,9 @@ impl Policy {
         Ok(w.embed.index_select(&ids, 0)?)
     }
 
-    /// One decoder block on `x` `(b * t, hidden)`. `cache = Some((c, off))`
-    /// writes this step's keys/values at column `off` of the cache and
-    /// attends over columns `0..off + t`; `mask` is additive and broadcasts
-    /// to `(b, n_kv, n_rep, t, s)`.
+    /// One decoder block on `x` `(b * t, hidden)`. `cache = Some((c, off,
+    /// from))` writes this step's keys/values at column `off` of the cache
+    /// and attends over columns `from..off + t`.
     #[allow(clippy::too_many_arguments)]
     fn block(
         &self,
@@ -526,44 +551,52 @@ impl Policy {
         x: &Tensor,
         b: usize,
         t: usize,
-        cos: &Tensor,
-        sin: &Tensor,
-        mask: &Tensor,
-        cache: Option<(&mut LayerCache, usize)>,
+        rope: &ops::RopeTables,
+        mask: AttnMask<'_>,
+        cache: Option<(&mut LayerCache, usize, usize)>,
     ) -> Result<Tensor> {
         let eps = self.cfg.rms_norm_eps;
         let hd = self.cfg.head_dim();
         let (nh, nkv) = (self.cfg.num_attention_heads, self.cfg.num_key_value_heads);
         let rep = nh / nkv;
+        let scale = 1.0 / (hd as f64).sqrt();
 
-        let h = rms_norm(x, &lw.ln1, eps)?;
-        let q = linear(&h, &lw.q)?
-            .reshape((b, t, nh, hd))?
-            .transpose(1, 2)?;
-        let k = linear(&h, &lw.k)?
-            .reshape((b, t, nkv, hd))?
-            .transpose(1, 2)?;
+        let h = ops::rms_norm(x, &lw.ln1, eps)?;
+        // (b, heads, t, hd), rotated.
+        let q = ops::rope_heads_first(&linear(&h, &lw.q)?.reshape((b, t, nh, hd))?, rope)?;
+        let k = ops::rope_heads_first(&linear(&h, &lw.k)?.reshape((b, t, nkv, hd))?, rope)?;
         let v = linear(&h, &lw.v)?
             .reshape((b, t, nkv, hd))?
             .transpose(1, 2)?
             .contiguous()?;
-        // Scale q before the product: cheaper than scaling the scores.
-        let q = rope(&q, cos, sin)?.affine(1.0 / (hd as f64).sqrt(), 0.0)?;
-        let k = rope(&k, cos, sin)?;
         let (k, v) = match cache {
             None => (k, v),
-            Some((c, off)) => {
+            Some((c, off, from)) => {
                 c.k.slice_set(&k, 2, off)?;
                 c.v.slice_set(&v, 2, off)?;
-                (c.k.narrow(2, 0, off + t)?, c.v.narrow(2, 0, off + t)?)
+                let s = off + t - from;
+                (c.k.narrow(2, from, s)?, c.v.narrow(2, from, s)?)
             }
         };
         let s = k.dim(2)?;
         // GQA without materialising repeated K/V: query head h = g * rep + r
-        // reads kv head g, so (b, nh, t, hd) regroups to (b, nkv, rep * t, hd).
+        // reads kv head g, so (b, nh, t, hd) regroups to (b, nkv, rep * t, hd);
+        // score rows are then ordered (b, kv head, r, query).
         let q = q.reshape((b, nkv, rep * t, hd))?;
-        let att = q.matmul(&k.t()?)?.reshape((b, nkv, rep, t, s))?;
-        let att = softmax_last(&att.broadcast_add(mask)?)?.reshape((b, nkv, rep * t, s))?;
+        let att = match mask {
+            // Training path: fused scale + causal mask + softmax, with backward.
+            AttnMask::Causal => ops::causal_softmax(&q.matmul(&k.t()?)?, scale, t)?,
+            // Generation path (detached weights, no backward needed), so
+            // candle's fused forward-only softmax is fine here.
+            AttnMask::Additive(m) => {
+                let att = q
+                    .affine(scale, 0.0)?
+                    .matmul(&k.t()?)?
+                    .reshape((b, nkv, rep, t, s))?
+                    .broadcast_add(m)?;
+                candle_nn::ops::softmax_last_dim(&att)?.reshape((b, nkv, rep * t, s))?
+            }
+        };
         let y = att
             .matmul(&v)?
             .reshape((b, nh, t, hd))?
@@ -571,16 +604,18 @@ impl Policy {
             .reshape((b * t, nh * hd))?;
         let x = (x + linear(&y, &lw.o)?)?;
 
-        let h = rms_norm(&x, &lw.ln2, eps)?;
-        let g = linear(&h, &lw.gate)?.silu()?;
-        let u = linear(&h, &lw.up)?;
-        let m = linear(&(g * u)?, &lw.down)?;
+        let h = ops::rms_norm(&x, &lw.ln2, eps)?;
+        let gu_w = match &lw.gu {
+            Some(gu) => gu.clone(),
+            None => Tensor::cat(&[&lw.gate, &lw.up], 0)?,
+        };
+        let m = linear(&ops::swiglu(&linear(&h, &gu_w)?)?, &lw.down)?;
         Ok((x + m)?)
     }
 
     /// Logits `(rows, vocab)` from pre-norm hidden rows `(rows, hidden)`.
     fn head(&self, w: &Weights, hidden: &Tensor) -> Result<Tensor> {
-        let h = rms_norm(hidden, &w.norm, self.cfg.rms_norm_eps)?;
+        let h = ops::rms_norm(hidden, &w.norm, self.cfg.rms_norm_eps)?;
         linear(&h, w.head())
     }
 
@@ -620,6 +655,12 @@ impl Policy {
                         s.len()
                     )));
                 }
+                if s[p] as usize >= self.cfg.vocab_size {
+                    return Err(ModelError::InvalidArgument(format!(
+                        "token id {} outside the vocabulary (vocab_size {})",
+                        s[p], self.cfg.vocab_size
+                    )));
+                }
             }
             if let Some(&maxp) = tg.iter().max() {
                 rows.push((i, maxp));
@@ -633,57 +674,69 @@ impl Policy {
                 entropy: empty,
             });
         }
-        let b = rows.len();
-        let t = rows.iter().map(|r| r.1).max().unwrap_or(1);
-        let mut ids = vec![0u32; b * t];
-        for (r, &(i, len)) in rows.iter().enumerate() {
-            ids[r * t..r * t + len].copy_from_slice(&batch.seqs[i][..len]);
+        // Output offset of each row's first target.
+        let mut first = Vec::with_capacity(rows.len());
+        let mut acc = 0usize;
+        for &(i, _) in &rows {
+            first.push(acc);
+            acc += batch.targets[i].len();
         }
+        // Longest first, so each chunk is padded only to its own longest.
+        let mut order: Vec<usize> = (0..rows.len()).collect();
+        order.sort_by_key(|&r| std::cmp::Reverse(rows[r].1));
+        let lens: Vec<usize> = order.iter().map(|&r| rows[r].1).collect();
         let w = &self.w;
-        let mut x = self.embed(w, &ids)?;
-        let positions: Vec<usize> = (0..t).collect();
-        let (cos, sin) = self.rope_tables(&positions, 1, t)?;
-        let mut mask = vec![0f32; t * t];
-        for qi in 0..t {
-            for kj in qi + 1..t {
-                mask[qi * t + kj] = MASKED;
+        let mut parts = Vec::new();
+        // gathered[k] = output position of the k-th gathered hidden row.
+        let mut gathered = Vec::with_capacity(n_targets);
+        for chunk in self.plan_chunks(&lens) {
+            let rs = &order[chunk];
+            let (b, t) = (rs.len(), rows[rs[0]].1);
+            let mut ids = vec![0u32; b * t];
+            let mut sel = Vec::new();
+            for (k, &r) in rs.iter().enumerate() {
+                let (i, len) = rows[r];
+                ids[k * t..k * t + len].copy_from_slice(&batch.seqs[i][..len]);
+                for (j, &p) in batch.targets[i].iter().enumerate() {
+                    sel.push((k * t + p - 1) as u32);
+                    gathered.push(first[r] + j);
+                }
             }
-        }
-        let mask = Tensor::from_vec(mask, (1, 1, 1, t, t), &self.device)?;
-        for lw in &w.layers {
-            x = self.block(lw, &x, b, t, &cos, &sin, &mask, None)?;
-        }
-        // Gather the rows predicting each target, in output order.
-        let mut sel = Vec::with_capacity(n_targets);
-        let mut tgt = Vec::with_capacity(n_targets);
-        let mut r = 0usize;
-        for (i, tg) in batch.targets.iter().enumerate() {
-            if tg.is_empty() {
-                continue;
+            let mut x = self.embed(w, &ids)?;
+            let positions: Vec<usize> = (0..t).collect();
+            let rope = self.rope_tables(&positions, 1, t);
+            for lw in &w.layers {
+                x = self.block(lw, &x, b, t, &rope, AttnMask::Causal, None)?;
             }
-            debug_assert_eq!(rows[r].0, i);
-            for &p in tg {
-                sel.push((r * t + p - 1) as u32);
-                tgt.push(batch.seqs[i][p]);
-            }
-            r += 1;
+            let n_sel = sel.len();
+            parts.push(x.index_select(&Tensor::from_vec(sel, n_sel, &self.device)?, 0)?);
         }
-        if let Some(bad) = tgt.iter().find(|&&i| i as usize >= self.cfg.vocab_size) {
-            return Err(ModelError::InvalidArgument(format!(
-                "token id {bad} outside the vocabulary (vocab_size {})",
-                self.cfg.vocab_size
-            )));
+        let hidden = if parts.len() == 1 {
+            parts.pop().expect("one part")
+        } else {
+            Tensor::cat(&parts, 0)?
+        };
+        // Back to output order (targets flattened sequence by sequence).
+        let mut perm = vec![0u32; n_targets];
+        for (k, &o) in gathered.iter().enumerate() {
+            perm[o] = k as u32;
         }
-        let sel = Tensor::from_vec(sel, n_targets, &self.device)?;
-        let hidden = x.index_select(&sel, 0)?;
-        let mut logits = self.head(w, &hidden)?;
-        if batch.temperature != 1.0 {
-            logits = logits.affine(1.0 / batch.temperature, 0.0)?;
-        }
-        let logp_all = log_softmax_last(&logits)?;
-        let tgt = Tensor::from_vec(tgt, (n_targets, 1), &self.device)?;
-        let logp = logp_all.gather(&tgt, 1)?.squeeze(1)?;
-        let entropy = (logp_all.exp()? * &logp_all)?.sum(1)?.neg()?;
+        let is_identity = perm.iter().enumerate().all(|(k, &p)| p as usize == k);
+        let hidden = if is_identity {
+            hidden
+        } else {
+            hidden.index_select(&Tensor::from_vec(perm, n_targets, &self.device)?, 0)?
+        };
+        let tgt: Vec<u32> = batch
+            .seqs
+            .iter()
+            .zip(&batch.targets)
+            .flat_map(|(s, tg)| tg.iter().map(move |&p| s[p]))
+            .collect();
+        let logits = self.head(w, &hidden)?;
+        let both = ops::logp_entropy(&logits, &tgt, 1.0 / batch.temperature)?;
+        let logp = both.narrow(1, 0, 1)?.squeeze(1)?.contiguous()?;
+        let entropy = both.narrow(1, 1, 1)?.squeeze(1)?.contiguous()?;
         Ok(ScoreOutput { logp, entropy })
     }
 
@@ -761,21 +814,22 @@ impl Policy {
         if prompts.is_empty() || opts.max_new_tokens == 0 {
             return Ok(out);
         }
-        let w = self.w.detached();
+        let w = self.w.detached()?;
         let n = prompts.len();
         let p_len = prompts.iter().map(Vec::len).max().unwrap_or(0);
         let capacity = p_len + opts.max_new_tokens;
-        let mut pads: Vec<usize> = prompts.iter().map(|p| p_len - p.len()).collect();
-
-        // Prefill in chunks of sequences.
-        let per_seq = self.cfg.num_attention_heads * p_len * p_len;
-        let budget = PREFILL_SCORE_BUDGET.load(std::sync::atomic::Ordering::Relaxed);
-        let chunk = (budget / per_seq.max(1)).clamp(1, n);
+        // Longest first; each chunk is prefilled at its own length and
+        // written right-aligned into the cache, so columns line up.
+        let mut active: Vec<usize> = (0..n).collect();
+        active.sort_by_key(|&i| std::cmp::Reverse(prompts[i].len()));
+        let mut pads: Vec<usize> = active.iter().map(|&i| p_len - prompts[i].len()).collect();
+        let lens: Vec<usize> = active.iter().map(|&i| prompts[i].len()).collect();
         let mut caches: Vec<Vec<LayerCache>> = Vec::new();
         let mut logits_parts = Vec::new();
-        for start in (0..n).step_by(chunk) {
-            let end = (start + chunk).min(n);
-            let (c, l) = self.prefill(&w, &prompts[start..end], p_len, capacity)?;
+        for chunk in self.plan_chunks(&lens) {
+            let chunk_prompts: Vec<&[u32]> =
+                active[chunk].iter().map(|&i| prompts[i].as_slice()).collect();
+            let (c, l) = self.prefill(&w, &chunk_prompts, p_len, capacity)?;
             caches.push(c);
             logits_parts.push(l);
         }
@@ -796,7 +850,6 @@ impl Policy {
         drop(caches);
         let mut logits = Tensor::cat(&logits_parts, 0)?;
 
-        let mut active: Vec<usize> = (0..n).collect();
         let sampler = Sampler {
             temperature,
             top_p: opts.top_p,
@@ -853,7 +906,7 @@ impl Policy {
                 .collect();
             let off = p_len + step;
             let positions: Vec<usize> = active.iter().map(|&i| prompts[i].len() + step).collect();
-            let (cos, sin) = self.rope_tables(&positions, b, 1)?;
+            let rope = self.rope_tables(&positions, b, 1);
             let s = off + 1;
             let mut mask = vec![0f32; b * s];
             for (r, &pad) in pads.iter().enumerate() {
@@ -862,24 +915,36 @@ impl Policy {
             let mask = Tensor::from_vec(mask, (b, 1, 1, 1, s), &self.device)?;
             let mut x = self.embed(&w, &last)?;
             for (lw, c) in w.layers.iter().zip(cache.iter_mut()) {
-                x = self.block(lw, &x, b, 1, &cos, &sin, &mask, Some((c, off)))?;
+                x = self.block(
+                    lw,
+                    &x,
+                    b,
+                    1,
+                    &rope,
+                    AttnMask::Additive(&mask),
+                    Some((c, off, 0)),
+                )?;
             }
             logits = self.head(&w, &x)?;
         }
         Ok(out)
     }
 
-    /// Prefills left-padded `prompts` (padded to `p_len`) into fresh caches
-    /// of `capacity` columns; returns them and the last position's logits.
+    /// Prefills `prompts`, left-padded to their own longest length `t`,
+    /// into fresh caches of `capacity` columns, written right-aligned so the
+    /// prompts end at column `p_len` (columns before `p_len - t` stay zero
+    /// and count as padding); returns the caches and the last position's
+    /// logits.
     fn prefill(
         &self,
         w: &Weights,
-        prompts: &[Vec<u32>],
+        prompts: &[&[u32]],
         p_len: usize,
         capacity: usize,
     ) -> Result<(Vec<LayerCache>, Tensor)> {
         let b = prompts.len();
-        let t = p_len;
+        let t = prompts.iter().map(|p| p.len()).max().unwrap_or(1);
+        let off = p_len - t;
         let pad_id = self.cfg.pad_token_id.unwrap_or(0);
         let mut ids = vec![pad_id; b * t];
         let mut positions = vec![0usize; b * t];
@@ -900,7 +965,7 @@ impl Policy {
                 }
             }
         }
-        let (cos, sin) = self.rope_tables(&positions, b, t)?;
+        let rope = self.rope_tables(&positions, b, t);
         let mask = Tensor::from_vec(mask, (b, 1, 1, t, t), &self.device)?;
         let (nkv, hd) = (self.cfg.num_key_value_heads, self.cfg.head_dim());
         let mut cache = Vec::with_capacity(w.layers.len());
@@ -910,10 +975,21 @@ impl Policy {
                 k: Tensor::zeros((b, nkv, capacity, hd), DType::F32, &self.device)?,
                 v: Tensor::zeros((b, nkv, capacity, hd), DType::F32, &self.device)?,
             };
-            x = self.block(lw, &x, b, t, &cos, &sin, &mask, Some((&mut c, 0)))?;
+            x = self.block(
+                lw,
+                &x,
+                b,
+                t,
+                &rope,
+                AttnMask::Additive(&mask),
+                Some((&mut c, off, off)),
+            )?;
             cache.push(c);
         }
-        let last = x.reshape((b, t, self.cfg.hidden_size))?.narrow(1, t - 1, 1)?.squeeze(1)?;
+        let last = x
+            .reshape((b, t, self.cfg.hidden_size))?
+            .narrow(1, t - 1, 1)?
+            .squeeze(1)?;
         let logits = self.head(w, &last)?;
         Ok((cache, logits))
     }
@@ -1011,41 +1087,6 @@ impl Sampler {
 /// `x (rows, in) @ w.T` for an HF `(out, in)` weight.
 fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     Ok(x.matmul(&w.t()?)?)
-}
-
-/// `x * rsqrt(mean(x^2) + eps) * w` over the last dim (HF LlamaRMSNorm).
-fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
-    let ms = x.sqr()?.mean_keepdim(D::Minus1)?;
-    let inv = (ms + eps)?.sqrt()?.recip()?;
-    Ok(x.broadcast_mul(&inv)?.broadcast_mul(w)?)
-}
-
-/// Rotary embedding, HF rotate-half layout: `x * cos + rotate_half(x) * sin`
-/// with `rotate_half([a, b]) = [-b, a]` on the two halves of the head dim.
-fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
-    let hd = x.dim(D::Minus1)?;
-    let a = x.narrow(D::Minus1, 0, hd / 2)?;
-    let b = x.narrow(D::Minus1, hd / 2, hd / 2)?;
-    let rot = Tensor::cat(&[&b.neg()?, &a], D::Minus1)?;
-    Ok((x.broadcast_mul(cos)? + rot.broadcast_mul(sin)?)?)
-}
-
-/// Softmax over the last dim. The max is detached: softmax is
-/// shift-invariant, so its gradient through the max is zero anyway, and
-/// this keeps the graph smaller.
-fn softmax_last(x: &Tensor) -> Result<Tensor> {
-    let max = x.max_keepdim(D::Minus1)?.detach();
-    let e = x.broadcast_sub(&max)?.exp()?;
-    let s = e.sum_keepdim(D::Minus1)?;
-    Ok(e.broadcast_div(&s)?)
-}
-
-/// Log-softmax over the last dim (max detached, see [`softmax_last`]).
-fn log_softmax_last(x: &Tensor) -> Result<Tensor> {
-    let max = x.max_keepdim(D::Minus1)?.detach();
-    let d = x.broadcast_sub(&max)?;
-    let lse = d.exp()?.sum_keepdim(D::Minus1)?.log()?;
-    Ok(d.broadcast_sub(&lse)?)
 }
 
 #[cfg(test)]

@@ -8,6 +8,8 @@
 //!   differentiable scoring ([`Policy::score`]) for training and batched,
 //!   KV-cached, optionally constrained generation ([`Policy::generate`]) for
 //!   rollouts.
+//! - `ops` (private): fused CPU kernels with backward passes (causal
+//!   softmax, RMSNorm) used on the training path.
 //! - [`trie`]: [`TokenTrie`], prefix tree of admissible actions for
 //!   constrained decoding.
 //! - [`tokenizer`]: [`Tok`], a thin wrapper over `tokenizers` (word-level
@@ -16,6 +18,7 @@
 pub mod config;
 pub mod error;
 pub mod llama;
+mod ops;
 pub mod tokenizer;
 pub mod trie;
 

@@ -106,6 +106,14 @@ impl HostHandles {
 
 /// Build the sandboxed engine with the actguide helper API registered.
 pub fn new_engine() -> (Engine, HostHandles) {
+    let (mut engine, handles) = base_engine();
+    // No dynamic code in strategy scripts: `eval` could bypass the
+    // compile-time checks and positions.
+    engine.disable_symbol("eval");
+    (engine, handles)
+}
+
+fn base_engine() -> (Engine, HostHandles) {
     let mut engine = Engine::new();
     engine
         .set_max_operations(MAX_OPERATIONS)
@@ -117,8 +125,6 @@ pub fn new_engine() -> (Engine, HostHandles) {
         .set_max_modules(16)
         .set_max_variables(1024)
         .set_max_functions(512);
-    // No dynamic code: `eval` could bypass compile-time checks.
-    engine.disable_symbol("eval");
     // No module resolver by default: scripts cannot read files.
     engine.set_module_resolver(rhai::module_resolvers::DummyModuleResolver::new());
 

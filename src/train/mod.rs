@@ -103,7 +103,15 @@ pub struct Trainer {
 }
 
 impl Trainer {
-    pub fn new(policy: &Policy, cfg: &TrainerSection, total_steps: usize, temperature: f64) -> Result<Self, TrainError> {
+    /// `reference` is the frozen KL reference (the initial policy); it is
+    /// only kept when `kl_coef > 0`.
+    pub fn new(
+        policy: &Policy,
+        reference: Option<&Policy>,
+        cfg: &TrainerSection,
+        total_steps: usize,
+        temperature: f64,
+    ) -> Result<Self, TrainError> {
         let opt = AdamW::new(
             policy.named_vars(),
             AdamWParams {
@@ -113,10 +121,9 @@ impl Trainer {
                 weight_decay: cfg.weight_decay,
             },
         )?;
-        let reference = if cfg.kl_coef > 0.0 {
-            Some(policy.frozen_copy()?)
-        } else {
-            None
+        let reference = match reference {
+            Some(r) if cfg.kl_coef > 0.0 => Some(r.frozen_copy()?),
+            _ => None,
         };
         Ok(Trainer {
             cfg: cfg.clone(),

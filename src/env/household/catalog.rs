@@ -247,12 +247,18 @@ impl TaskType {
     pub(crate) fn phrasings(self) -> [&'static str; 2] {
         match self {
             TaskType::PickAndPlace => ["put a {o} in {r}", "put some {o} on {r}"],
-            TaskType::LookAtObjInLight => ["look at {o} under the {r}", "examine the {o} with the {r}"],
+            TaskType::LookAtObjInLight => {
+                ["look at {o} under the {r}", "examine the {o} with the {r}"]
+            }
             TaskType::PickCleanThenPlace => {
                 ["put a clean {o} in {r}", "clean some {o} and put it in {r}"]
             }
-            TaskType::PickHeatThenPlace => ["put a hot {o} in {r}", "heat some {o} and put it in {r}"],
-            TaskType::PickCoolThenPlace => ["put a cool {o} in {r}", "cool some {o} and put it in {r}"],
+            TaskType::PickHeatThenPlace => {
+                ["put a hot {o} in {r}", "heat some {o} and put it in {r}"]
+            }
+            TaskType::PickCoolThenPlace => {
+                ["put a cool {o} in {r}", "cool some {o} and put it in {r}"]
+            }
             TaskType::PickTwoObj => ["put two {o} in {r}", "find two {o} and put them in {r}"],
         }
     }

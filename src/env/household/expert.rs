@@ -111,7 +111,12 @@ fn deliver(sim: &Sim, o: usize) -> Option<Planner> {
         let held = p.sim.world.objects[h].name.clone();
         let spot = match p.sim.here().filter(|&r| p.sim.is_open(r)) {
             Some(r) => r,
-            None => p.sim.world.receptacles.iter().position(|r| r.open.is_none())?,
+            None => p
+                .sim
+                .world
+                .receptacles
+                .iter()
+                .position(|r| r.open.is_none())?,
         };
         let spot = p.sim.world.receptacles[spot].name.clone();
         p.go(&spot)?;

@@ -12,10 +12,12 @@
 //! object's receptacle, or holding it, ...), while "out-region" tasks start
 //! from the middle of the room as in ALFWorld.
 
-pub mod catalog;
+mod catalog;
 mod expert;
 mod generate;
 mod sim;
+#[cfg(test)]
+mod tests;
 mod vocab;
 mod world;
 
@@ -78,6 +80,8 @@ impl HouseholdEnv {
 
 impl Env for HouseholdEnv {
     fn reset(&mut self, task: &Task) -> Result<Observation, EnvError> {
+        // A failed reset leaves no episode behind to step by mistake.
+        self.episode = None;
         let world = Self::parse_world(task)?;
         let sim = Sim::new(world).map_err(|msg| EnvError::BadTask {
             task: task.id.clone(),
@@ -103,7 +107,11 @@ impl Env for HouseholdEnv {
     fn step(&mut self, action: &str) -> Result<Observation, EnvError> {
         let ep = match &mut self.episode {
             Some(ep) if !ep.done => ep,
-            Some(_) => return Err(EnvError::Other("household: step after the episode ended; call reset".into())),
+            Some(_) => {
+                return Err(EnvError::Other(
+                    "household: step after the episode ended; call reset".into(),
+                ))
+            }
             None => return Err(EnvError::Other("household: step before reset".into())),
         };
         let (text, valid) = ep.sim.exec(action);

@@ -134,10 +134,14 @@ impl Sim {
         self.world.receptacles[r].open != Some(false)
     }
 
+    /// Object `o` is in / on receptacle `r`.
+    fn lies_at(&self, o: usize, r: usize) -> bool {
+        self.world.objects[o].at.as_deref() == Some(self.rname(r))
+    }
+
     fn contents(&self, r: usize) -> Vec<usize> {
-        let name = self.rname(r);
         (0..self.world.objects.len())
-            .filter(|&o| self.world.objects[o].at.as_deref() == Some(name))
+            .filter(|&o| self.lies_at(o, r))
             .collect()
     }
 
@@ -176,7 +180,12 @@ impl Sim {
     }
 
     fn room(&self) -> String {
-        let names: Vec<&str> = self.world.receptacles.iter().map(|r| r.name.as_str()).collect();
+        let names: Vec<&str> = self
+            .world
+            .receptacles
+            .iter()
+            .map(|r| r.name.as_str())
+            .collect();
         format!("Looking quickly around you, you see {}.", a_list(&names))
     }
 
@@ -226,12 +235,20 @@ impl Sim {
             Cmd::Go(r) => {
                 let r = w.receptacle(r).filter(|&r| Some(r) != here)?;
                 self.world.agent.at = Some(self.rname(r).to_string());
-                Some(format!("You arrive at {}. {}", self.rname(r), self.describe(r)))
+                Some(format!(
+                    "You arrive at {}. {}",
+                    self.rname(r),
+                    self.describe(r)
+                ))
             }
             Cmd::Open(r) => {
                 let r = at(r).filter(|&r| w.receptacles[r].open == Some(false))?;
                 self.world.receptacles[r].open = Some(true);
-                Some(format!("You open the {}. {}", self.rname(r), self.describe(r)))
+                Some(format!(
+                    "You open the {}. {}",
+                    self.rname(r),
+                    self.describe(r)
+                ))
             }
             Cmd::Close(r) => {
                 let r = at(r).filter(|&r| w.receptacles[r].open == Some(true))?;
@@ -240,10 +257,9 @@ impl Sim {
             }
             Cmd::Take(o, r) => {
                 let r = at(r).filter(|&r| self.is_open(r) && self.holding().is_none())?;
-                let oi = w.object(o).filter(|&oi| {
-                    w.objects[oi].at.as_deref() == Some(w.receptacles[r].name.as_str())
-                        && !w.objects[oi].is_lamp()
-                })?;
+                let oi = w
+                    .object(o)
+                    .filter(|&oi| self.lies_at(oi, r) && !w.objects[oi].is_lamp())?;
                 self.world.objects[oi].at = None;
                 self.world.agent.holding = Some(o.to_string());
                 Some(format!("You pick up the {o} from the {}.", self.rname(r)))
@@ -278,7 +294,11 @@ impl Sim {
                     Treatment::Heat => (obj.hot, obj.cool) = (true, false),
                     Treatment::Cool => (obj.cool, obj.hot) = (true, false),
                 }
-                Some(format!("You {} the {o} using the {}.", t.verb(), self.rname(r)))
+                Some(format!(
+                    "You {} the {o} using the {}.",
+                    t.verb(),
+                    self.rname(r)
+                ))
             }
             Cmd::Examine(x) => {
                 if let Some(r) = at(x) {
@@ -287,10 +307,7 @@ impl Sim {
                 // The held object, or anything visible where the agent stands.
                 let oi = w.object(x).filter(|&oi| {
                     held(x).is_some()
-                        || here.is_some_and(|h| {
-                            self.is_open(h)
-                                && w.objects[oi].at.as_deref() == Some(w.receptacles[h].name.as_str())
-                        })
+                        || here.is_some_and(|h| self.is_open(h) && self.lies_at(oi, h))
                 })?;
                 Some(format!("This is a {}.", w.objects[oi].label()))
             }
@@ -368,7 +385,11 @@ impl Sim {
             });
             return holds && lit;
         }
-        let needed = if g.task_type == TaskType::PickTwoObj { 2 } else { 1 };
+        let needed = if g.task_type == TaskType::PickTwoObj {
+            2
+        } else {
+            1
+        };
         let placed = w
             .objects
             .iter()

@@ -113,7 +113,9 @@ mod tests {
     fn vocabulary_is_sorted_unique_and_has_the_basics() {
         let v = vocabulary();
         assert!(v.windows(2).all(|w| w[0] < w[1]));
-        for w in ["cabinet", "apple", "desklamp", "1", "5", ".", ",", ":", ").", "),", "Nothing"] {
+        for w in [
+            "cabinet", "apple", "desklamp", "1", "5", ".", ",", ":", ").", "),", "Nothing",
+        ] {
             assert!(v.iter().any(|x| x == w), "missing {w}");
         }
     }

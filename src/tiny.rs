@@ -1,0 +1,59 @@
+//! The built-in tiny model card (`models/tiny/`): a word-level tokenizer
+//! over the household env's vocabulary plus the prompt scaffold, saved as a
+//! standard `tokenizer.json`, and a small Llama-style `config.json`. No
+//! weights: a run initialises them from its seed.
+
+use std::path::Path;
+
+use crate::env::household;
+use crate::model::{ModelConfig, ModelError, Tok};
+use crate::rollout::prompt::SCAFFOLD_WORDS;
+
+/// Special tokens, in id order.
+pub const SPECIALS: [&str; 4] = ["[PAD]", "[UNK]", "[BOS]", "[EOS]"];
+
+/// The tiny policy's architecture for a vocabulary of `vocab_size`.
+pub fn tiny_config(vocab_size: usize) -> ModelConfig {
+    ModelConfig {
+        architectures: vec!["LlamaForCausalLM".into()],
+        model_type: "llama".into(),
+        vocab_size,
+        hidden_size: 128,
+        intermediate_size: 384,
+        num_hidden_layers: 2,
+        num_attention_heads: 4,
+        num_key_value_heads: 2,
+        head_dim: None,
+        rope_theta: 10000.0,
+        rms_norm_eps: 1e-5,
+        max_position_embeddings: 1024,
+        tie_word_embeddings: true,
+        bos_token_id: Some(2),
+        eos_token_id: Some(3),
+        pad_token_id: Some(0),
+        initializer_range: 0.02,
+    }
+}
+
+/// The tiny tokenizer: specials, then every env and scaffold word.
+pub fn tiny_tokenizer() -> Result<Tok, ModelError> {
+    // The tokenizer lower-cases its input, so the vocabulary is lower-cased too.
+    let mut words: Vec<String> = household::vocabulary().iter().map(|w| w.to_lowercase()).collect();
+    words.extend(SCAFFOLD_WORDS.iter().map(|s| s.to_string()));
+    words.sort();
+    words.dedup();
+    Tok::build_word_level(&words, &SPECIALS)
+}
+
+/// Write `config.json` and `tokenizer.json` into `out`.
+pub fn write_tiny_model(out: &Path) -> Result<(ModelConfig, usize), ModelError> {
+    std::fs::create_dir_all(out).map_err(|e| ModelError::Io {
+        path: out.to_path_buf(),
+        source: e,
+    })?;
+    let tok = tiny_tokenizer()?;
+    let cfg = tiny_config(tok.vocab_size());
+    tok.save(&out.join("tokenizer.json"))?;
+    cfg.save(&out.join("config.json"))?;
+    Ok((cfg, tok.vocab_size()))
+}
