@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use candle_core::Device;
 
 use crate::env::{make_env, panel, Env};
-use crate::experiment::RunError;
 use crate::experiment::config::TrainerSection;
+use crate::experiment::RunError;
 use crate::guidance::ResolvedSpec;
 use crate::model::{ModelConfig, Policy, Tok};
 use crate::rollout::{self, EpisodeRequest, RolloutOptions};
@@ -45,10 +45,22 @@ impl std::fmt::Display for BenchReport {
         writeln!(f, "threads              {}", self.threads)?;
         writeln!(f, "parameters           {}", self.params)?;
         writeln!(f, "episodes per step    {}", self.episodes_per_step)?;
-        writeln!(f, "rollout tokens/s     {:.0} (prompt + generated)", self.rollout_tokens_per_s)?;
+        writeln!(
+            f,
+            "rollout tokens/s     {:.0} (prompt + generated)",
+            self.rollout_tokens_per_s
+        )?;
         writeln!(f, "generated tokens/s   {:.0}", self.generated_tokens_per_s)?;
-        writeln!(f, "train tokens/s       {:.0} (forward + backward + AdamW)", self.train_tokens_per_s)?;
-        write!(f, "seconds per step     {:.2} rollout + {:.2} train", self.rollout_s_per_step, self.train_s_per_step)
+        writeln!(
+            f,
+            "train tokens/s       {:.0} (forward + backward + AdamW)",
+            self.train_tokens_per_s
+        )?;
+        write!(
+            f,
+            "seconds per step     {:.2} rollout + {:.2} train",
+            self.rollout_s_per_step, self.train_s_per_step
+        )
     }
 }
 
@@ -67,6 +79,7 @@ pub fn run(cfg: &BenchConfig) -> Result<BenchReport, RunError> {
         history: 2,
         invalid_penalty: 0.0,
         max_action_tokens: 16,
+        show_actions: true,
     };
     let max_steps = cfg.max_steps;
     let make = move || -> Box<dyn Env> { make_env("household", max_steps) };
@@ -92,7 +105,12 @@ pub fn run(cfg: &BenchConfig) -> Result<BenchReport, RunError> {
         let rewards: Vec<f64> = (0..eps.len()).map(|i| (i % 2) as f64).collect();
         let adv = group_advantages(&rewards, AdvantageKind::Grpo);
         let samples = build_samples(&eps, &adv, false);
-        let ts = trainer.step(&policy, &samples, step, &mut seed::rng(cfg.seed, &[3, step as u64]))?;
+        let ts = trainer.step(
+            &policy,
+            &samples,
+            step,
+            &mut seed::rng(cfg.seed, &[3, step as u64]),
+        )?;
         tt += ts.seconds;
         ttok += ts.train_tokens;
     }

@@ -9,8 +9,18 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use actguide::experiment::{self, Event, Experiment, RunOptions};
 
+// candle allocates and frees large tensors on every op; glibc's malloc
+// returns them to the OS each time (mmap/munmap + page faults), which
+// doubled step time in measurements. mimalloc keeps them.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
-#[command(name = "actguide", version, about = "Guided agentic RL of LLM agents with hot-reloaded Rhai guidance scripts")]
+#[command(
+    name = "actguide",
+    version,
+    about = "Guided agentic RL of LLM agents with hot-reloaded Rhai guidance scripts"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -168,7 +178,12 @@ fn tasks(cmd: TasksCmd) -> Result<()> {
             std::fs::create_dir_all(&out).with_context(|| out.display().to_string())?;
             panel::write_jsonl(&out.join("train.jsonl"), &tr)?;
             panel::write_jsonl(&out.join("test.jsonl"), &te)?;
-            println!("wrote {} train and {} test tasks to {}", tr.len(), te.len(), out.display());
+            println!(
+                "wrote {} train and {} test tasks to {}",
+                tr.len(),
+                te.len(),
+                out.display()
+            );
             Ok(())
         }
         TasksCmd::Stats {
@@ -179,7 +194,9 @@ fn tasks(cmd: TasksCmd) -> Result<()> {
         } => {
             let tasks = panel::read_jsonl(&path)?;
             let table = household::random_policy_success(&tasks, rollouts, max_steps, seed);
-            println!("random valid-action policy, {rollouts} rollouts/task, limit {max_steps} steps");
+            println!(
+                "random valid-action policy, {rollouts} rollouts/task, limit {max_steps} steps"
+            );
             println!("{:>10} {:>6} {:>8}", "expert_len", "tasks", "success");
             for (d, n, s) in table {
                 println!("{d:>10} {n:>6} {s:>8.3}");
@@ -189,24 +206,35 @@ fn tasks(cmd: TasksCmd) -> Result<()> {
     }
 }
 
-fn run(experiment: Option<PathBuf>, resume: Option<PathBuf>, stop_after: Option<usize>, plain: bool) -> Result<()> {
+fn run(
+    experiment: Option<PathBuf>,
+    resume: Option<PathBuf>,
+    stop_after: Option<usize>,
+    plain: bool,
+) -> Result<()> {
     let exp = match (&experiment, &resume) {
         (Some(p), None) => Experiment::load(p)?,
         (None, Some(d)) => {
             let p = d.join("experiment.json");
-            let text = std::fs::read_to_string(&p).with_context(|| format!("{}: cannot read the run's resolved config", p.display()))?;
+            let text = std::fs::read_to_string(&p).with_context(|| {
+                format!("{}: cannot read the run's resolved config", p.display())
+            })?;
             serde_json::from_str(&text).with_context(|| p.display().to_string())?
         }
         (Some(_), Some(_)) => bail!("give either an experiment file or --resume RUN_DIR, not both"),
-        (None, None) => bail!("give an experiment file (e.g. examples/quickstart.rhai) or --resume RUN_DIR"),
+        (None, None) => {
+            bail!("give an experiment file (e.g. examples/quickstart.rhai) or --resume RUN_DIR")
+        }
     };
     let tty = std::io::stderr().is_terminal() && !plain;
     let steps = exp.steps as u64;
     let bar = if tty {
         let b = ProgressBar::new(steps);
         b.set_style(
-            ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} steps  ETA {eta}  {msg}")
-                .expect("static template"),
+            ProgressStyle::with_template(
+                "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} steps  ETA {eta}  {msg}",
+            )
+            .expect("static template"),
         );
         Some(b)
     } else {
@@ -280,8 +308,18 @@ fn run(experiment: Option<PathBuf>, resume: Option<PathBuf>, stop_after: Option<
     println!("run dir            {}", summary.run_dir.display());
     println!("steps              {}", summary.steps_done);
     let f = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.3}"));
-    println!("test success       start {}  →  end {}", f(summary.start_test_success), f(summary.end_test_success));
-    println!("wall time          {:.1} s ({:.2} s/step)", summary.seconds, summary.seconds_per_step);
-    println!("throughput         {:.0} rollout tok/s, {:.0} train tok/s", summary.rollout_tokens_per_s, summary.train_tokens_per_s);
+    println!(
+        "test success       start {}  →  end {}",
+        f(summary.start_test_success),
+        f(summary.end_test_success)
+    );
+    println!(
+        "wall time          {:.1} s ({:.2} s/step)",
+        summary.seconds, summary.seconds_per_step
+    );
+    println!(
+        "throughput         {:.0} rollout tok/s, {:.0} train tok/s",
+        summary.rollout_tokens_per_s, summary.train_tokens_per_s
+    );
     Ok(())
 }

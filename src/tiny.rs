@@ -38,7 +38,10 @@ pub fn tiny_config(vocab_size: usize) -> ModelConfig {
 /// The tiny tokenizer: specials, then every env and scaffold word.
 pub fn tiny_tokenizer() -> Result<Tok, ModelError> {
     // The tokenizer lower-cases its input, so the vocabulary is lower-cased too.
-    let mut words: Vec<String> = household::vocabulary().iter().map(|w| w.to_lowercase()).collect();
+    let mut words: Vec<String> = household::vocabulary()
+        .iter()
+        .map(|w| w.to_lowercase())
+        .collect();
     words.extend(SCAFFOLD_WORDS.iter().map(|s| s.to_string()));
     words.sort();
     words.dedup();

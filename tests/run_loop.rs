@@ -93,7 +93,8 @@ fn resume_after_a_stop_equals_an_uninterrupted_run() {
     .unwrap();
     assert_eq!(s1.steps_done, 3);
     let exp: Experiment =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("experiment.json")).unwrap()).unwrap();
+        serde_json::from_str(&std::fs::read_to_string(dir.join("experiment.json")).unwrap())
+            .unwrap();
     let s2 = experiment::run(
         exp,
         &RunOptions {
@@ -140,7 +141,10 @@ fn bad_experiment_file_gives_a_positioned_error_and_starts_nothing() {
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    let want = format!("{}:8:15: `trainer.learning_rate`: unknown field", path.display());
+    let want = format!(
+        "{}:8:15: `trainer.learning_rate`: unknown field",
+        path.display()
+    );
     assert!(err.contains(&want), "{err}");
     assert!(!tmp.path().join("runs").exists(), "nothing may start");
 

@@ -106,6 +106,8 @@ pub struct RolloutSection {
     pub invalid_penalty: f64,
     /// Most tokens generated for one action.
     pub max_action_tokens: usize,
+    /// List the admissible actions in the prompt.
+    pub show_actions: bool,
 }
 
 impl Default for RolloutSection {
@@ -119,6 +121,7 @@ impl Default for RolloutSection {
             history: 2,
             invalid_penalty: 0.0,
             max_action_tokens: 16,
+            show_actions: true,
         }
     }
 }
@@ -316,10 +319,14 @@ impl Experiment {
         let r = &self.rollout;
         let t = &self.trainer;
         if r.tasks_per_step == 0 || r.group_size == 0 {
-            return Err(bad("rollout.tasks_per_step and rollout.group_size must be ≥ 1".into()));
+            return Err(bad(
+                "rollout.tasks_per_step and rollout.group_size must be ≥ 1".into(),
+            ));
         }
         if !(r.temperature > 0.0) || !(r.top_p > 0.0 && r.top_p <= 1.0) {
-            return Err(bad("rollout.temperature must be > 0 and rollout.top_p in (0, 1]".into()));
+            return Err(bad(
+                "rollout.temperature must be > 0 and rollout.top_p in (0, 1]".into(),
+            ));
         }
         if !["grpo", "dr_grpo"].contains(&t.advantage.as_str()) {
             return Err(bad(format!(
@@ -340,7 +347,9 @@ impl Experiment {
             )));
         }
         if t.ppo_epochs == 0 || t.minibatches == 0 || t.micro_batch == 0 {
-            return Err(bad("trainer.ppo_epochs, minibatches and micro_batch must be ≥ 1".into()));
+            return Err(bad(
+                "trainer.ppo_epochs, minibatches and micro_batch must be ≥ 1".into(),
+            ));
         }
         if self.env.kind != "household" {
             return Err(bad(format!(

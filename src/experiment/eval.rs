@@ -31,6 +31,7 @@ pub fn evaluate(
         })
         .collect();
     let (eps, stats) = rollout::run(policy, tok, make_env, &reqs, opts, rng)?;
-    let pairs: Vec<(&Task, &rollout::Episode)> = reqs.iter().map(|r| r.task).zip(eps.iter()).collect();
+    let pairs: Vec<(&Task, &rollout::Episode)> =
+        reqs.iter().map(|r| r.task).zip(eps.iter()).collect();
     Ok((success_breakdown(&pairs, clusters), stats))
 }

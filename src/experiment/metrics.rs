@@ -5,9 +5,9 @@ use std::collections::BTreeMap;
 
 use serde_json::{json, Map, Value};
 
+use crate::env::Task;
 use crate::guidance::Clusters;
 use crate::rollout::Episode;
-use crate::env::Task;
 
 /// Mean of a slice (0 for empty).
 pub fn mean(v: &[f64]) -> f64 {
@@ -40,7 +40,9 @@ pub fn success_breakdown(pairs: &[(&Task, &Episode)], clusters: &Clusters) -> Va
             .push(s);
     }
     let m = |b: BTreeMap<String, Vec<f64>>| -> Map<String, Value> {
-        b.into_iter().map(|(k, v)| (k, json!(round(mean(&v))))).collect()
+        b.into_iter()
+            .map(|(k, v)| (k, json!(round(mean(&v)))))
+            .collect()
     };
     json!({
         "success": round(mean(&all)),

@@ -21,7 +21,9 @@ use crate::rollout::{self, EpisodeRequest, RolloutError, RolloutOptions};
 use crate::script::ScriptError;
 use crate::seed;
 use crate::train::checkpoint::{self, CheckpointError, CheckpointFiles, RunState};
-use crate::train::{build_samples, group_advantages, is_zero_std, AdvantageKind, TrainError, Trainer};
+use crate::train::{
+    build_samples, group_advantages, is_zero_std, AdvantageKind, TrainError, Trainer,
+};
 
 /// How to run.
 #[derive(Debug, Clone, Default)]
@@ -44,8 +46,14 @@ pub enum Event {
         train_tasks: usize,
         test_tasks: usize,
     },
-    Step { step: usize, metrics: Value },
-    Eval { step: usize, result: Value },
+    Step {
+        step: usize,
+        metrics: Value,
+    },
+    Eval {
+        step: usize,
+        result: Value,
+    },
     ScriptError(String),
     Log(String),
     Checkpoint(PathBuf),
@@ -111,7 +119,11 @@ struct Ctx {
 }
 
 /// Run (or resume) an experiment to its step budget.
-pub fn run(exp: Experiment, opts: &RunOptions, on_event: &mut dyn FnMut(Event)) -> Result<RunSummary, RunError> {
+pub fn run(
+    exp: Experiment,
+    opts: &RunOptions,
+    on_event: &mut dyn FnMut(Event),
+) -> Result<RunSummary, RunError> {
     let t_start = Instant::now();
     let (mut ctx, start_step) = setup(exp, opts)?;
     let steps = ctx.exp.steps;
@@ -172,7 +184,11 @@ pub fn run(exp: Experiment, opts: &RunOptions, on_event: &mut dyn FnMut(Event)) 
         seconds: secs,
         rollout_tokens_per_s: totals.0 as f64 / totals.1.max(1e-9),
         train_tokens_per_s: totals.2 as f64 / totals.3.max(1e-9),
-        seconds_per_step: if totals.4 > 0 { secs / totals.4 as f64 } else { 0.0 },
+        seconds_per_step: if totals.4 > 0 {
+            secs / totals.4 as f64
+        } else {
+            0.0
+        },
     })
 }
 
@@ -214,7 +230,11 @@ fn setup(exp: Experiment, opts: &RunOptions) -> Result<(Ctx, usize), RunError> {
         if w.exists() {
             Policy::load_safetensors(&cfg, &w, &device)
         } else {
-            Policy::new_random(&cfg, &mut seed::rng(exp.seed, &[seed::label("init")]), &device)
+            Policy::new_random(
+                &cfg,
+                &mut seed::rng(exp.seed, &[seed::label("init")]),
+                &device,
+            )
         }
     };
     let policy = match &resumed {
@@ -250,11 +270,20 @@ fn setup(exp: Experiment, opts: &RunOptions) -> Result<(Ctx, usize), RunError> {
                 .load_state(&l.optimizer, l.state.optimizer_t)
                 .map_err(|m| io_err(&l.dir, m))?;
             host.restore(&l.state.host).map_err(|m| io_err(&l.dir, m))?;
-            (l.state.step, l.state.evals.clone(), l.state.script_copy.clone())
+            (
+                l.state.step,
+                l.state.evals.clone(),
+                l.state.script_copy.clone(),
+            )
         }
         None => {
             host.init()?;
-            let copy = save_script_copy(&run_dir, host.script().path.as_path(), &host.script().source, host.hash())?;
+            let copy = save_script_copy(
+                &run_dir,
+                host.script().path.as_path(),
+                &host.script().source,
+                host.hash(),
+            )?;
             // Resolved config, so a run directory says exactly what ran.
             let cfg_out = serde_json::to_string_pretty(&exp).map_err(|e| io_err(&run_dir, e))?;
             checkpoint::write_atomic(&run_dir.join("experiment.json"), cfg_out.as_bytes())?;
@@ -273,6 +302,7 @@ fn setup(exp: Experiment, opts: &RunOptions) -> Result<(Ctx, usize), RunError> {
         history: exp.rollout.history,
         invalid_penalty: exp.rollout.invalid_penalty,
         max_action_tokens: exp.rollout.max_action_tokens,
+        show_actions: exp.rollout.show_actions,
     };
     Ok((
         Ctx {
@@ -296,8 +326,16 @@ fn setup(exp: Experiment, opts: &RunOptions) -> Result<(Ctx, usize), RunError> {
 }
 
 /// Keep a copy of every script version used: `scripts/<stem>-<hash>.rhai`.
-fn save_script_copy(run_dir: &Path, path: &Path, source: &str, hash: &str) -> Result<String, RunError> {
-    let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("script");
+fn save_script_copy(
+    run_dir: &Path,
+    path: &Path,
+    source: &str,
+    hash: &str,
+) -> Result<String, RunError> {
+    let stem = path
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or("script");
     let p = run_dir.join("scripts").join(format!("{stem}-{hash}.rhai"));
     if !p.exists() {
         checkpoint::write_atomic(&p, source.as_bytes())?;
@@ -404,7 +442,8 @@ fn train_step(
 
     // 2. Rollouts, batched over every episode of the step.
     let mut rng = seed::rng(ctx.exp.seed, &[seed::label("rollout"), step as u64]);
-    let (episodes, rstats) = rollout::run(&ctx.policy, &ctx.tok, make, &requests, &ctx.ropts, &mut rng)?;
+    let (episodes, rstats) =
+        rollout::run(&ctx.policy, &ctx.tok, make, &requests, &ctx.ropts, &mut rng)?;
 
     // 3. Advantages per task group.
     let kind = AdvantageKind::parse(&ctx.exp.trainer.advantage).unwrap_or(AdvantageKind::Grpo);
@@ -443,7 +482,11 @@ fn train_step(
                 guided: grp.iter().any(|e| e.spec.is_guided()),
                 rewards: grp.iter().map(|e| e.reward).collect(),
                 successes: grp.iter().map(|e| e.success).collect(),
-                success_rate: mean(&grp.iter().map(|e| f64::from(u8::from(e.success))).collect::<Vec<_>>()),
+                success_rate: mean(
+                    &grp.iter()
+                        .map(|e| f64::from(u8::from(e.success)))
+                        .collect::<Vec<_>>(),
+                ),
             }
         })
         .collect();
@@ -463,7 +506,11 @@ fn train_step(
     }
 
     // 6. The metrics line.
-    let pairs: Vec<(&Task, &rollout::Episode)> = requests.iter().map(|q| q.task).zip(episodes.iter()).collect();
+    let pairs: Vec<(&Task, &rollout::Episode)> = requests
+        .iter()
+        .map(|q| q.task)
+        .zip(episodes.iter())
+        .collect();
     let mut line = success_breakdown(&pairs, &ctx.clusters);
     let rewards: Vec<f64> = episodes.iter().map(|e| e.reward).collect();
     let policy_turns: usize = episodes.iter().map(|e| e.policy_turns).sum();
@@ -531,9 +578,18 @@ fn train_step(
     Ok(line)
 }
 
-fn run_eval(ctx: &mut Ctx, step: usize, make: &dyn Fn() -> Box<dyn Env>, on_event: &mut dyn FnMut(Event)) -> Result<(), RunError> {
+fn run_eval(
+    ctx: &mut Ctx,
+    step: usize,
+    make: &dyn Fn() -> Box<dyn Env>,
+    on_event: &mut dyn FnMut(Event),
+) -> Result<(), RunError> {
     let e = &ctx.exp.evaluation;
-    let n = if e.max_tasks == 0 { ctx.test.len() } else { e.max_tasks.min(ctx.test.len()) };
+    let n = if e.max_tasks == 0 {
+        ctx.test.len()
+    } else {
+        e.max_tasks.min(ctx.test.len())
+    };
     let mut opts = ctx.ropts.clone();
     opts.greedy = e.greedy;
     let mut rng = seed::rng(ctx.exp.seed, &[seed::label("eval"), step as u64]);

@@ -16,7 +16,9 @@ impl Clusters {
         let mut v: Vec<usize> = lengths.to_vec();
         v.sort_unstable();
         if v.is_empty() || k == 0 {
-            return Clusters { bounds: vec![usize::MAX] };
+            return Clusters {
+                bounds: vec![usize::MAX],
+            };
         }
         let mut bounds = Vec::new();
         for i in 1..=k {

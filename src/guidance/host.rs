@@ -193,10 +193,16 @@ impl GuidanceHost {
             metrics.insert(k.as_str().into(), Dynamic::from(*v));
         }
         batch.insert("metrics".into(), Dynamic::from_map(metrics));
-        self.handles
-            .reseed(seed::derive(self.seed, &[seed::label("update"), step as u64]));
+        self.handles.reseed(seed::derive(
+            self.seed,
+            &[seed::label("update"), step as u64],
+        ));
         self.script
-            .call(&self.engine, "update", (Dynamic::from_map(batch), self.state.clone()))
+            .call(
+                &self.engine,
+                "update",
+                (Dynamic::from_map(batch), self.state.clone()),
+            )
             .err()
     }
 
@@ -384,7 +390,11 @@ mod tests {
         h.init().unwrap();
         assert_eq!(h.state_json()["mu_global"], 0.8);
         // acc = (1 + 0.5 + 0) / 3 = 0.5: no move of mu_global (sign(0) = 0).
-        let rs = [result("a", 0, 1.0), result("b", 0, 0.5), result("c", 2, 0.0)];
+        let rs = [
+            result("a", 0, 1.0),
+            result("b", 0, 0.5),
+            result("c", 2, 0.0),
+        ];
         assert!(h.update(0, &rs, &BTreeMap::new()).is_none());
         let s = h.state_numbers();
         assert!((s["mu_global"] - 0.8).abs() < 1e-12);
@@ -393,7 +403,9 @@ mod tests {
         assert!((s["V.0"] - 0.0125).abs() < 1e-12, "{s:?}");
         assert!((s["A.2"] - 0.0).abs() < 1e-12);
         // acc = 1 > P_TARGET: mu_global steps down by DELTA.
-        assert!(h.update(1, &[result("a", 0, 1.0)], &BTreeMap::new()).is_none());
+        assert!(h
+            .update(1, &[result("a", 0, 1.0)], &BTreeMap::new())
+            .is_none());
         assert!((h.state_numbers()["mu_global"] - 0.7).abs() < 1e-12);
         let m = h.take_effects().metrics;
         assert!(m.iter().any(|(k, _)| k == "g2.mu_global"));
@@ -401,7 +413,13 @@ mod tests {
         // the sampled ratio is clipped to [0, 1] and mostly deep.
         let mut deep = 0;
         for step in 0..200 {
-            let (specs, e) = h.plan(step, &TaskView { cluster: 2, ..view("c") });
+            let (specs, e) = h.plan(
+                step,
+                &TaskView {
+                    cluster: 2,
+                    ..view("c")
+                },
+            );
             assert!(e.is_none());
             match specs[0] {
                 GuidanceSpec::PrefixRatio { r } => {

@@ -48,7 +48,11 @@ impl GuidanceSpec {
                 ..Default::default()
             },
             GuidanceSpec::PrefixRatio { r } => {
-                let r = if r.is_finite() { r.clamp(0.0, 1.0) } else { 0.0 };
+                let r = if r.is_finite() {
+                    r.clamp(0.0, 1.0)
+                } else {
+                    0.0
+                };
                 let n = (r * len as f64 - 1e-9).ceil().max(0.0) as usize;
                 ResolvedSpec {
                     prefix: n.min(max_prefix),
@@ -85,11 +89,17 @@ pub fn register(engine: &mut Engine) {
         .register_type_with_name::<GuidanceSpec>("Spec")
         .register_fn("none", || GuidanceSpec::None)
         .register_fn("prefix", |n: i64| GuidanceSpec::Prefix { n })
-        .register_fn("prefix", |n: f64| GuidanceSpec::Prefix { n: n.round() as i64 })
+        .register_fn("prefix", |n: f64| GuidanceSpec::Prefix {
+            n: n.round() as i64,
+        })
         .register_fn("prefix_ratio", |r: f64| GuidanceSpec::PrefixRatio { r })
-        .register_fn("prefix_ratio", |r: i64| GuidanceSpec::PrefixRatio { r: r as f64 })
+        .register_fn("prefix_ratio", |r: i64| GuidanceSpec::PrefixRatio {
+            r: r as f64,
+        })
         .register_fn("plan", |k: i64| GuidanceSpec::Plan { k })
-        .register_fn("plan", |k: f64| GuidanceSpec::Plan { k: k.round() as i64 })
+        .register_fn("plan", |k: f64| GuidanceSpec::Plan {
+            k: k.round() as i64,
+        })
         .register_fn("expert", || GuidanceSpec::Expert)
         .register_fn("to_string", |s: &mut GuidanceSpec| s.to_string())
         .register_fn("to_debug", |s: &mut GuidanceSpec| s.to_string())

@@ -89,16 +89,29 @@ pub struct ModelConfig {
 }
 
 impl ModelConfig {
-    /// Reads and validates a `config.json`.
+    /// Reads and validates a `config.json`. Configs asking for features this
+    /// implementation lacks (`rope_scaling`, `attention_bias`, `mlp_bias`)
+    /// are rejected.
     pub fn from_file(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|source| ModelError::Io {
             path: path.to_path_buf(),
             source,
         })?;
-        let cfg: ModelConfig = serde_json::from_str(&text).map_err(|e| ModelError::Config {
+        let cfg_err = |msg: String| ModelError::Config {
             path: path.to_path_buf(),
-            msg: e.to_string(),
-        })?;
+            msg,
+        };
+        let raw: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| cfg_err(e.to_string()))?;
+        // Fields that change the math but that this implementation lacks:
+        // refuse rather than silently run a different model.
+        for key in ["rope_scaling", "attention_bias", "mlp_bias"] {
+            match raw.get(key) {
+                None | Some(serde_json::Value::Null) | Some(serde_json::Value::Bool(false)) => {}
+                Some(v) => return Err(cfg_err(format!("{key} = {v} is not supported"))),
+            }
+        }
+        let cfg: ModelConfig = serde_json::from_value(raw).map_err(|e| cfg_err(e.to_string()))?;
         cfg.validate().map_err(|e| ModelError::Config {
             path: path.to_path_buf(),
             msg: match e {
@@ -144,9 +157,15 @@ impl ModelConfig {
             }
         }
         if self.vocab_size > u32::MAX as usize {
-            return bad(format!("vocab_size {} does not fit u32 ids", self.vocab_size));
+            return bad(format!(
+                "vocab_size {} does not fit u32 ids",
+                self.vocab_size
+            ));
         }
-        if self.num_attention_heads % self.num_key_value_heads != 0 {
+        if !self
+            .num_attention_heads
+            .is_multiple_of(self.num_key_value_heads)
+        {
             return bad(format!(
                 "num_attention_heads ({}) must be a multiple of num_key_value_heads ({})",
                 self.num_attention_heads, self.num_key_value_heads
@@ -156,7 +175,7 @@ impl ModelConfig {
             Some(0) => return bad("head_dim must be > 0".into()),
             Some(_) => {}
             None => {
-                if self.hidden_size % self.num_attention_heads != 0 {
+                if !self.hidden_size.is_multiple_of(self.num_attention_heads) {
                     return bad(format!(
                         "hidden_size ({}) must be divisible by num_attention_heads ({}) when head_dim is not given",
                         self.hidden_size, self.num_attention_heads
@@ -164,7 +183,7 @@ impl ModelConfig {
                 }
             }
         }
-        if self.head_dim() % 2 != 0 {
+        if !self.head_dim().is_multiple_of(2) {
             return bad(format!(
                 "head_dim ({}) must be even for rotary embeddings",
                 self.head_dim()
@@ -174,7 +193,10 @@ impl ModelConfig {
             return bad(format!("rope_theta must be > 0, got {}", self.rope_theta));
         }
         if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0) {
-            return bad(format!("rms_norm_eps must be > 0, got {}", self.rms_norm_eps));
+            return bad(format!(
+                "rms_norm_eps must be > 0, got {}",
+                self.rms_norm_eps
+            ));
         }
         if !(self.initializer_range.is_finite() && self.initializer_range >= 0.0) {
             return bad(format!(
@@ -264,10 +286,19 @@ mod tests {
 
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("config.json");
+        let mut v = serde_json::to_value(tiny()).unwrap();
+        v["rope_scaling"] = serde_json::json!({"rope_type": "llama3", "factor": 8.0});
+        std::fs::write(&p, v.to_string()).unwrap();
+        let e = ModelConfig::from_file(&p).unwrap_err().to_string();
+        assert!(e.contains("rope_scaling"), "{e}");
+
         let mut c = tiny();
         c.hidden_size = 30;
         c.save(&p).unwrap();
         let e = ModelConfig::from_file(&p).unwrap_err().to_string();
-        assert!(e.contains("config.json") && e.contains("hidden_size"), "{e}");
+        assert!(
+            e.contains("config.json") && e.contains("hidden_size"),
+            "{e}"
+        );
     }
 }

@@ -32,6 +32,12 @@ pub enum ModelError {
     #[error("{file}: missing tensor `{name}`")]
     MissingTensor { file: String, name: String },
 
+    /// A checkpoint holds a tensor this architecture does not use (e.g.
+    /// attention biases of a Qwen2 model): loading it would silently give a
+    /// different model.
+    #[error("{file}: unexpected tensor `{name}` (not part of a bias-free Llama model)")]
+    UnexpectedTensor { file: String, name: String },
+
     /// A weight has the wrong shape for the config.
     #[error("{file}: tensor `{name}` has shape {got:?}, expected {expected:?}")]
     Shape {

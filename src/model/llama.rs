@@ -8,10 +8,17 @@
 //! RMSNorm, LM head (tied to the embedding or its own `lm_head.weight`).
 //! No biases.
 //!
-//! Everything runs in f32. The training path deliberately avoids candle's
-//! fused kernels (`softmax_last_dim`, `rms_norm`, `rope*`, `sdpa`): they
-//! have no backward pass and candle silently drops the gradient through
-//! them. Every op used here has a backward.
+//! Everything runs in f32. The training path never uses candle's fused
+//! kernels (`softmax_last_dim`, `rms_norm`, `rope*`, `sdpa`): they have no
+//! backward pass and candle silently drops the gradient through them.
+//! Instead it uses this module's own fused CPU kernels *with* backward
+//! passes (`ops`: causal softmax, RMSNorm, rotary, SwiGLU, target
+//! log-prob + entropy), which fall back to composite candle ops on other
+//! devices. Generation runs on detached weights and may use candle's
+//! forward-only kernels.
+//!
+//! Both paths run the trunk in chunks of sequences (longest first) so that
+//! no activation grows past a few MB (see `CHUNK_BUDGET` in the source).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -168,7 +175,10 @@ impl Weights {
                 (format!("{p}.mlp.up_proj.weight"), l.up.clone()),
                 (format!("{p}.mlp.down_proj.weight"), l.down.clone()),
                 (format!("{p}.input_layernorm.weight"), l.ln1.clone()),
-                (format!("{p}.post_attention_layernorm.weight"), l.ln2.clone()),
+                (
+                    format!("{p}.post_attention_layernorm.weight"),
+                    l.ln2.clone(),
+                ),
             ]);
         }
         if let Some(h) = &self.lm_head {
@@ -292,9 +302,10 @@ impl Policy {
 
     /// Builds a trainable policy from HF-named tensors (any float dtype; they
     /// are converted to f32 and copied into fresh `Var`s on the tensors'
-    /// device). A missing tensor or a wrong shape is an error naming `file`
-    /// and the tensor. Extra tensors are ignored (e.g. a redundant
-    /// `lm_head.weight` in a tied checkpoint, or `rotary_emb.inv_freq`).
+    /// device). A missing tensor, a wrong shape or an unexpected tensor
+    /// (biases, other architectures) is an error naming `file` and the
+    /// tensor. Tolerated extras: a redundant `lm_head.weight` in a tied
+    /// checkpoint and `*.rotary_emb.inv_freq` buffers.
     pub fn from_tensors(
         cfg: &ModelConfig,
         tensors: HashMap<String, Tensor>,
@@ -347,6 +358,16 @@ impl Policy {
                 t.detach().contiguous()?
             };
             got.insert(name, t);
+        }
+        for name in tensors.keys() {
+            let harmless = name.ends_with("rotary_emb.inv_freq")
+                || (cfg.tie_word_embeddings && name == "lm_head.weight");
+            if !harmless {
+                return Err(ModelError::UnexpectedTensor {
+                    file: file.to_string(),
+                    name: name.clone(),
+                });
+            }
         }
         let mut take = |n: &str| got.remove(n).expect("spec'd tensor present");
         let layers = (0..cfg.num_hidden_layers)
@@ -433,8 +454,8 @@ impl Policy {
                     source: std::io::Error::new(std::io::ErrorKind::NotFound, "file not found"),
                 });
             }
-            let t = candle_core::safetensors::load(f, device)
-                .map_err(|e| io_err(f, e.to_string()))?;
+            let t =
+                candle_core::safetensors::load(f, device).map_err(|e| io_err(f, e.to_string()))?;
             tensors.extend(t);
         }
         Self::from_tensors(cfg, tensors, &name)
@@ -507,7 +528,9 @@ impl Policy {
     /// Splits sequences, sorted by decreasing length `lens`, into
     /// consecutive chunks whose largest activation fits [`CHUNK_BUDGET`].
     fn plan_chunks(&self, lens: &[usize]) -> Vec<std::ops::Range<usize>> {
-        let budget = CHUNK_BUDGET_OVERRIDE.with(|c| c.get()).unwrap_or(CHUNK_BUDGET);
+        let budget = CHUNK_BUDGET_OVERRIDE
+            .with(|c| c.get())
+            .unwrap_or(CHUNK_BUDGET);
         let widest = (2 * self.cfg.intermediate_size)
             .max(self.cfg.hidden_size)
             .max(self.cfg.num_attention_heads * self.cfg.head_dim());
@@ -750,11 +773,15 @@ impl Policy {
     /// keeps generation from building an autograd graph). Prompts are
     /// left-padded to a common length; each sequence's rotary positions start
     /// at 0 on its first real token and an additive mask hides its pad
-    /// columns, so a prompt's completion does not depend on what it is
-    /// batched with. The prompt is prefilled once (in chunks of sequences to
-    /// bound memory) into a preallocated per-layer KV cache, then all
-    /// unfinished sequences advance one token per step; finished ones are
-    /// dropped from the batch (the caches are compacted).
+    /// columns, so a prompt's distribution does not depend on what it is
+    /// batched with (greedy output is identical alone or batched). Prompts
+    /// are prefilled once, longest first, in chunks of similar length, into
+    /// a preallocated per-layer KV cache (written in place with
+    /// `slice_set`); then all unfinished sequences advance one token per
+    /// step; finished ones are dropped from the batch (the caches are
+    /// compacted). Each step samples the active sequences in that
+    /// longest-first order from `rng`, so results are reproducible for the
+    /// same prompts, options and seed.
     ///
     /// With `constraints` (one trie per prompt) a sequence can only emit one
     /// of its trie's actions followed by eos. Sampling uses the masked
@@ -827,8 +854,10 @@ impl Policy {
         let mut caches: Vec<Vec<LayerCache>> = Vec::new();
         let mut logits_parts = Vec::new();
         for chunk in self.plan_chunks(&lens) {
-            let chunk_prompts: Vec<&[u32]> =
-                active[chunk].iter().map(|&i| prompts[i].as_slice()).collect();
+            let chunk_prompts: Vec<&[u32]> = active[chunk]
+                .iter()
+                .map(|&i| prompts[i].as_slice())
+                .collect();
             let (c, l) = self.prefill(&w, &chunk_prompts, p_len, capacity)?;
             caches.push(c);
             logits_parts.push(l);
@@ -907,10 +936,13 @@ impl Policy {
             let off = p_len + step;
             let positions: Vec<usize> = active.iter().map(|&i| prompts[i].len() + step).collect();
             let rope = self.rope_tables(&positions, b, 1);
-            let s = off + 1;
+            // Columns before every active sequence's first real token are
+            // skipped outright; the rest of the padding is masked.
+            let from = pads.iter().copied().min().unwrap_or(0);
+            let s = off + 1 - from;
             let mut mask = vec![0f32; b * s];
             for (r, &pad) in pads.iter().enumerate() {
-                mask[r * s..r * s + pad].fill(MASKED);
+                mask[r * s..r * s + pad - from].fill(MASKED);
             }
             let mask = Tensor::from_vec(mask, (b, 1, 1, 1, s), &self.device)?;
             let mut x = self.embed(&w, &last)?;
@@ -922,7 +954,7 @@ impl Policy {
                     1,
                     &rope,
                     AttnMask::Additive(&mask),
-                    Some((c, off, 0)),
+                    Some((c, off, from)),
                 )?;
             }
             logits = self.head(&w, &x)?;
@@ -1054,6 +1086,12 @@ impl Sampler {
         let total: f64 = probs.iter().map(|p| p.1).sum();
         let mut kept = probs.len();
         if self.top_p < 1.0 {
+            // Only tokens with p >= eps can be in the nucleus: the others
+            // together weigh less than n * eps = (1 - top_p) * total, so the
+            // sorted prefix reaches top_p * total before leaving the p >= eps
+            // set. Pruning first keeps the sort small for large vocabularies.
+            let eps = total * (1.0 - self.top_p.max(0.0)) / probs.len() as f64;
+            probs.retain(|p| p.1 >= eps);
             probs.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
             let target = self.top_p.max(0.0) * total;
             let mut cum = 0.0;

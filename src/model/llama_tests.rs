@@ -170,7 +170,12 @@ impl HostModel {
             self.get("lm_head.weight")
         };
         xs.iter()
-            .map(|x| Self::mv(head, &Self::rms(x, self.get("model.norm.weight"), c.rms_norm_eps)))
+            .map(|x| {
+                Self::mv(
+                    head,
+                    &Self::rms(x, self.get("model.norm.weight"), c.rms_norm_eps),
+                )
+            })
             .collect()
     }
 
@@ -213,7 +218,11 @@ fn every_parameter_gets_a_gradient() {
         let loss = (out.logp.sum_all().unwrap() + out.entropy.sum_all().unwrap()).unwrap();
         let grads = loss.backward().unwrap();
         let vars = p.named_vars();
-        let expected = if tied { 1 + 1 + 2 * 9 } else { 1 + 1 + 1 + 2 * 9 };
+        let expected = if tied {
+            1 + 1 + 2 * 9
+        } else {
+            1 + 1 + 1 + 2 * 9
+        };
         assert_eq!(vars.len(), expected);
         assert!(vars.windows(2).all(|w| w[0].0 < w[1].0), "sorted names");
         assert_eq!(vars.iter().any(|(n, _)| n == "lm_head.weight"), !tied);
@@ -230,6 +239,66 @@ fn every_parameter_gets_a_gradient() {
         for (name, var) in &vars {
             assert!(grads.get(var.as_tensor()).is_some(), "{name}");
         }
+    }
+}
+
+/// The composite (non-CPU) fallbacks of the fused kernels give the same
+/// scores and gradients as the fused CPU kernels, through the whole model,
+/// also when the trunk runs in several chunks.
+#[test]
+fn fused_and_composite_paths_agree() {
+    let p = policy(false, 23);
+    let mut rng = ChaCha8Rng::seed_from_u64(24);
+    let batch = ScoreBatch {
+        seqs: vec![
+            rand_seq(&mut rng, 9, 50),
+            rand_seq(&mut rng, 13, 50),
+            rand_seq(&mut rng, 4, 50),
+        ],
+        targets: vec![vec![3, 8], vec![12, 1, 6], vec![2, 3]],
+        temperature: 0.9,
+    };
+    let run = |composite: bool, chunk: Option<usize>| {
+        super::ops::FORCE_COMPOSITE.with(|c| c.set(composite));
+        CHUNK_BUDGET_OVERRIDE.with(|c| c.set(chunk));
+        let out = p.score(&batch).unwrap();
+        let loss = (out.logp.sum_all().unwrap() + (out.entropy.sum_all().unwrap() * 0.3).unwrap())
+            .unwrap();
+        let grads = loss.backward().unwrap();
+        super::ops::FORCE_COMPOSITE.with(|c| c.set(false));
+        CHUNK_BUDGET_OVERRIDE.with(|c| c.set(None));
+        let mut flat: Vec<f32> = out.logp.to_vec1().unwrap();
+        flat.extend(out.entropy.to_vec1::<f32>().unwrap());
+        for (name, v) in p.named_vars() {
+            let g = grads
+                .get(v.as_tensor())
+                .unwrap_or_else(|| panic!("no grad for {name}"));
+            flat.extend(g.flatten_all().unwrap().to_vec1::<f32>().unwrap());
+        }
+        flat
+    };
+    let fused = run(false, None);
+    for (composite, chunk) in [(true, None), (false, Some(1)), (true, Some(1))] {
+        let other: Vec<f64> = run(composite, chunk).into_iter().map(f64::from).collect();
+        assert_close(
+            &fused,
+            &other,
+            2e-4,
+            &format!("composite={composite} chunk={chunk:?}"),
+        );
+    }
+    // Generation through the composite path gives the same greedy tokens.
+    let prompts = prompts_of(&[5, 9, 2], 25);
+    let o = opts(5, 1.0, 1.0, true);
+    let a = p.generate(&prompts, &o, None, &mut rng).unwrap();
+    super::ops::FORCE_COMPOSITE.with(|c| c.set(true));
+    let b = p.generate(&prompts, &o, None, &mut rng);
+    super::ops::FORCE_COMPOSITE.with(|c| c.set(false));
+    let b = b.unwrap();
+    for (x, y) in a.iter().zip(&b) {
+        assert_eq!(x.tokens, y.tokens);
+        let yl: Vec<f64> = y.logprobs.iter().map(|&v| v as f64).collect();
+        assert_close(&x.logprobs, &yl, 1e-5, "composite generation");
     }
 }
 
@@ -269,7 +338,12 @@ fn score_matches_reference_forward() {
             CHUNK_BUDGET_OVERRIDE.with(|c| c.set(None));
             assert_close(&logp_c, &want_lp, 1e-5, "chunked logp");
             assert_close(&ent_c, &want_ent, 1e-5, "chunked entropy");
-            assert_close(&ent, &want_ent, 1e-5, &format!("entropy tied={tied} T={temp}"));
+            assert_close(
+                &ent,
+                &want_ent,
+                1e-5,
+                &format!("entropy tied={tied} T={temp}"),
+            );
             // Batch composition does not matter: each sequence alone.
             let mut k = 0;
             for (s, tg) in seqs.iter().zip(&targets) {
@@ -356,7 +430,10 @@ fn matches_candle_transformers_llama() {
         let mut want = Vec::new();
         for &pos in &targets {
             let mut cache = ct::Cache::new(false, DType::F32, &cc, &Device::Cpu).unwrap();
-            let x = Tensor::new(&seq[..pos], &Device::Cpu).unwrap().unsqueeze(0).unwrap();
+            let x = Tensor::new(&seq[..pos], &Device::Cpu)
+                .unwrap()
+                .unsqueeze(0)
+                .unwrap();
             let l: Vec<f32> = model
                 .forward(&x, 0, &mut cache)
                 .unwrap()
@@ -367,7 +444,12 @@ fn matches_candle_transformers_llama() {
             let l: Vec<f64> = l.into_iter().map(f64::from).collect();
             want.push(HostModel::log_softmax(&l, 1.0)[seq[pos] as usize]);
         }
-        assert_close(&logp, &want, 1e-4, &format!("vs candle-transformers tied={tied}"));
+        assert_close(
+            &logp,
+            &want,
+            1e-4,
+            &format!("vs candle-transformers tied={tied}"),
+        );
     }
 }
 
@@ -434,7 +516,12 @@ fn generation_logprobs_match_score() {
                 .into_iter()
                 .map(f64::from)
                 .collect();
-            assert_close(&got, &want, 1e-4, &format!("behaviour vs score tied={tied} T={temp}"));
+            assert_close(
+                &got,
+                &want,
+                1e-4,
+                &format!("behaviour vs score tied={tied} T={temp}"),
+            );
         }
     }
 }
@@ -493,7 +580,12 @@ fn top_p_to_zero_equals_greedy() {
     let p = policy(false, 15);
     let prompts = prompts_of(&[6, 2, 9, 4], 16);
     let greedy = p
-        .generate(&prompts, &opts(8, 1.0, 1.0, true), None, &mut ChaCha8Rng::seed_from_u64(0))
+        .generate(
+            &prompts,
+            &opts(8, 1.0, 1.0, true),
+            None,
+            &mut ChaCha8Rng::seed_from_u64(0),
+        )
         .unwrap();
     for seed in 0..5 {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
@@ -501,6 +593,50 @@ fn top_p_to_zero_equals_greedy() {
             .generate(&prompts, &opts(8, 1.0, 1e-9, false), None, &mut rng)
             .unwrap();
         assert_eq!(tiny_p, greedy);
+    }
+}
+
+#[test]
+fn top_p_samples_exactly_the_nucleus() {
+    let mut rng = ChaCha8Rng::seed_from_u64(28);
+    for trial in 0..20 {
+        let v = 60;
+        let logits: Vec<f32> = (0..v).map(|_| rng.random_range(-3.0f32..3.0)).collect();
+        let top_p = [0.3, 0.6, 0.9, 0.99][trial % 4];
+        let temp = [0.7, 1.0, 1.6][trial % 3];
+        // Brute-force nucleus.
+        let m = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+        let mut pr: Vec<(u32, f64)> = (0..v as u32)
+            .map(|i| (i, ((logits[i as usize] as f64 - m) / temp).exp()))
+            .collect();
+        let total: f64 = pr.iter().map(|p| p.1).sum();
+        pr.sort_by(|a, b| b.1.total_cmp(&a.1));
+        let mut cum = 0.0;
+        let mut nucleus = std::collections::HashSet::new();
+        for (i, p) in &pr {
+            nucleus.insert(*i);
+            cum += p;
+            if cum >= top_p * total {
+                break;
+            }
+        }
+        let sampler = Sampler {
+            temperature: temp,
+            top_p,
+            greedy: false,
+            eos: 2,
+        };
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..400 {
+            let (tok, lp) = sampler.pick(&logits, None, &mut rng);
+            assert!(nucleus.contains(&tok), "token {tok} outside the nucleus");
+            let want = (logits[tok as usize] as f64 - m) / temp - total.ln();
+            assert!((lp as f64 - want).abs() < 1e-5);
+            seen.insert(tok);
+        }
+        if nucleus.len() <= 5 {
+            assert_eq!(seen, nucleus);
+        }
     }
 }
 
@@ -546,8 +682,38 @@ fn constrained_decoding_only_emits_admissible_actions() {
         }
     }
     // Sampling at temperature 2 reaches both the short and the long action.
-    assert!(seen[0].contains(&vec![5, 7]) && seen[0].contains(&vec![5, 7, 9]), "{:?}", seen[0]);
+    assert!(
+        seen[0].contains(&vec![5, 7]) && seen[0].contains(&vec![5, 7, 9]),
+        "{:?}",
+        seen[0]
+    );
     assert!(seen[1].len() >= 2, "{:?}", seen[1]);
+
+    // The longest prompt finishes first: the remaining batch skips its pad
+    // columns; log-probs must still match scoring.
+    let p = policy(false, 26);
+    let prompts = prompts_of(&[12, 3, 7], 27);
+    let tries = [
+        TokenTrie::new(&[vec![40]], eos),
+        TokenTrie::new(&[vec![5, 6, 7, 8, 9]], eos),
+        TokenTrie::new(&[vec![10, 11, 12, 13]], eos),
+    ];
+    let gens = p
+        .generate(
+            &prompts,
+            &opts(8, 1.0, 1.0, false),
+            Some(&tries),
+            &mut ChaCha8Rng::seed_from_u64(3),
+        )
+        .unwrap();
+    assert_eq!(gens[0].tokens, vec![40, eos]);
+    assert_eq!(gens[1].tokens, vec![5, 6, 7, 8, 9, eos]);
+    let want: Vec<f64> = rescore(&p, &prompts, &gens, 1.0)
+        .into_iter()
+        .map(f64::from)
+        .collect();
+    let got: Vec<f32> = gens.iter().flat_map(|g| g.logprobs.clone()).collect();
+    assert_close(&got, &want, 1e-4, "after the longest prompt finished");
 
     // Too few new tokens: truncated, not finished; empty trie: eos at once.
     let p = policy(true, 1);
@@ -555,7 +721,10 @@ fn constrained_decoding_only_emits_admissible_actions() {
         .generate(
             &prompts[..2],
             &opts(2, 1.0, 1.0, false),
-            Some(&[TokenTrie::new(&[vec![20, 21, 22, 23]], eos), TokenTrie::new(&[], eos)]),
+            Some(&[
+                TokenTrie::new(&[vec![20, 21, 22, 23]], eos),
+                TokenTrie::new(&[], eos),
+            ]),
             &mut ChaCha8Rng::seed_from_u64(0),
         )
         .unwrap();
@@ -622,7 +791,10 @@ fn safetensors_roundtrip_and_errors() {
         assert!(matches!(&e, ModelError::MissingTensor { name, file }
             if name == "model.layers.1.mlp.up_proj.weight" && file == "ckpt.safetensors"));
         let msg = e.to_string();
-        assert!(msg.contains("ckpt.safetensors") && msg.contains("up_proj"), "{msg}");
+        assert!(
+            msg.contains("ckpt.safetensors") && msg.contains("up_proj"),
+            "{msg}"
+        );
 
         // Wrong shape (through a file, so the file name is the path).
         let mut map: HashMap<String, Tensor> = p.named_tensors().into_iter().collect();
@@ -640,8 +812,24 @@ fn safetensors_roundtrip_and_errors() {
                     && expected == &vec![16, 32] && got == &vec![32, 32]),
             "{msg}"
         );
-        assert!(msg.contains("bad.safetensors") && msg.contains("k_proj"), "{msg}");
+        assert!(
+            msg.contains("bad.safetensors") && msg.contains("k_proj"),
+            "{msg}"
+        );
     }
+    // Biases (e.g. a Qwen2 checkpoint) are refused, not silently dropped.
+    let p = policy(true, 19);
+    let mut map: HashMap<String, Tensor> = p.named_tensors().into_iter().collect();
+    map.insert(
+        "model.layers.0.self_attn.q_proj.bias".into(),
+        Tensor::zeros(32, DType::F32, &Device::Cpu).unwrap(),
+    );
+    let e = Policy::from_tensors(p.config(), map, "qwen.safetensors").unwrap_err();
+    assert!(
+        matches!(&e, ModelError::UnexpectedTensor { name, .. } if name.ends_with("q_proj.bias")),
+        "{e}"
+    );
+
     // Tied checkpoints may carry a redundant lm_head.weight; f16 is upcast.
     let p = policy(true, 19);
     let mut map: HashMap<String, Tensor> = p
@@ -649,7 +837,14 @@ fn safetensors_roundtrip_and_errors() {
         .into_iter()
         .map(|(n, t)| (n, t.to_dtype(DType::F16).unwrap()))
         .collect();
-    map.insert("lm_head.weight".into(), map["model.embed_tokens.weight"].clone());
+    map.insert(
+        "lm_head.weight".into(),
+        map["model.embed_tokens.weight"].clone(),
+    );
+    map.insert(
+        "model.layers.0.self_attn.rotary_emb.inv_freq".into(),
+        Tensor::zeros(4, DType::F32, &Device::Cpu).unwrap(),
+    );
     let q = Policy::from_tensors(p.config(), map, "f16").unwrap();
     let (a, _) = score_vec(&p, &batch);
     let (b, _) = score_vec(&q, &batch);
@@ -672,7 +867,14 @@ fn frozen_copy_is_detached_and_independent() {
     let before = score_vec(&p, &batch);
     assert_eq!(score_vec(&f, &batch), before);
     // The frozen copy's score is not connected to the policy's vars.
-    let grads = f.score(&batch).unwrap().logp.sum_all().unwrap().backward().unwrap();
+    let grads = f
+        .score(&batch)
+        .unwrap()
+        .logp
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap();
     for (_, v) in p.named_vars() {
         assert!(grads.get(v.as_tensor()).is_none());
     }
@@ -705,7 +907,12 @@ fn new_random_is_seeded() {
         + 2 * (h * h + 2 * (h / 2) * h + h * h + 3 * h * cfg.intermediate_size + 2 * h);
     assert_eq!(a.num_params(), expect);
     // Norm weights start at one.
-    let norm = &a.named_tensors().into_iter().find(|(n, _)| n == "model.norm.weight").unwrap().1;
+    let norm = &a
+        .named_tensors()
+        .into_iter()
+        .find(|(n, _)| n == "model.norm.weight")
+        .unwrap()
+        .1;
     assert!(norm.to_vec1::<f32>().unwrap().iter().all(|&x| x == 1.0));
 }
 
@@ -739,7 +946,10 @@ fn throughput() {
     };
     let seqs: Vec<Vec<u32>> = (0..64).map(|_| rand_seq(&mut rng, 200, 400)).collect();
     let budgets: Vec<Option<usize>> = match std::env::var("ACTGUIDE_BENCH_BUDGETS") {
-        Ok(v) => v.split(',').map(|x| Some(x.trim().parse::<usize>().unwrap() << 20)).collect(),
+        Ok(v) => v
+            .split(',')
+            .map(|x| Some(x.trim().parse::<usize>().unwrap() << 20))
+            .collect(),
         Err(_) => vec![None],
     };
     let best = |f: &mut dyn FnMut() -> f64| (0..3).map(|_| f()).fold(f64::INFINITY, f64::min);
@@ -765,6 +975,16 @@ fn throughput() {
         println!(
             "[budget {label}] generate 64 prompts x 200 tokens, 6 new tokens: {g:.3}s (main-thread cpu {gcpu:.3}s)"
         );
+        let o30 = GenerateOptions {
+            max_new_tokens: 30,
+            ..o.clone()
+        };
+        let g30 = best(&mut || {
+            let t0 = std::time::Instant::now();
+            p.generate(&prompts, &o30, None, &mut rng).unwrap();
+            t0.elapsed().as_secs_f64()
+        });
+        println!("[budget {label}] generate 64 prompts x 200 tokens, 30 new tokens: {g30:.3}s");
         for (what, targets) in [
             ("all 199 positions", (1..200).collect::<Vec<usize>>()),
             ("last 6 positions", (194..200).collect()),

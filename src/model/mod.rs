@@ -8,8 +8,11 @@
 //!   differentiable scoring ([`Policy::score`]) for training and batched,
 //!   KV-cached, optionally constrained generation ([`Policy::generate`]) for
 //!   rollouts.
-//! - `ops` (private): fused CPU kernels with backward passes (causal
-//!   softmax, RMSNorm) used on the training path.
+//!   Its tests live in `llama_tests.rs` (incl. an independent f64 reference
+//!   forward and a cross-check against candle-transformers' Llama).
+//! - `ops` (private): fused CPU kernels *with* backward passes (causal
+//!   softmax, RMSNorm, rotary, SwiGLU, target log-prob + entropy) used by
+//!   the model, with composite-candle fallbacks for non-CPU devices.
 //! - [`trie`]: [`TokenTrie`], prefix tree of admissible actions for
 //!   constrained decoding.
 //! - [`tokenizer`]: [`Tok`], a thin wrapper over `tokenizers` (word-level

@@ -14,6 +14,21 @@ use candle_core::{CpuStorage, CustomOp1, CustomOp2, Device, Layout, Shape, Tenso
 
 use super::error::{ModelError, Result};
 
+#[cfg(test)]
+thread_local! {
+    /// Tests set this to run the composite (non-CPU) fallbacks on CPU.
+    pub(crate) static FORCE_COMPOSITE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether the fused CPU kernels apply to tensors on `device`.
+fn fused(device: &Device) -> bool {
+    #[cfg(test)]
+    if FORCE_COMPOSITE.with(|c| c.get()) {
+        return false;
+    }
+    device.is_cpu()
+}
+
 /// Below this many elements the kernels run on the calling thread.
 const PAR_MIN_ELEMS: usize = 1 << 16;
 
@@ -59,7 +74,7 @@ fn f32_slice<'a>(s: &'a CpuStorage, l: &Layout, op: &str) -> candle_core::Result
 /// Differentiable.
 pub(crate) fn causal_softmax(x: &Tensor, scale: f64, q_len: usize) -> Result<Tensor> {
     let s = x.dim(D::Minus1)?;
-    if x.device().is_cpu() {
+    if fused(x.device()) {
         return Ok(x.contiguous()?.apply_op1(CausalSoftmax {
             scale: scale as f32,
             q_len,
@@ -73,10 +88,16 @@ pub(crate) fn causal_softmax(x: &Tensor, scale: f64, q_len: usize) -> Result<Ten
         }
     }
     let mask = Tensor::from_vec(mask, (q_len, s), x.device())?;
-    let x = x.affine(scale, 0.0)?.broadcast_add(&mask)?;
+    let shape = x.shape().clone();
+    let blocks = x.elem_count() / (q_len * s).max(1);
+    let x = x
+        .reshape((blocks, q_len, s))?
+        .affine(scale, 0.0)?
+        .broadcast_add(&mask)?;
     let max = x.max_keepdim(D::Minus1)?.detach();
     let e = x.broadcast_sub(&max)?.exp()?;
-    Ok(e.broadcast_div(&e.sum_keepdim(D::Minus1)?)?)
+    Ok(e.broadcast_div(&e.sum_keepdim(D::Minus1)?)?
+        .reshape(shape)?)
 }
 
 struct CausalSoftmax {
@@ -89,12 +110,16 @@ impl CustomOp1 for CausalSoftmax {
         "actguide-causal-softmax"
     }
 
-    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+    fn cpu_fwd(
+        &self,
+        storage: &CpuStorage,
+        layout: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
         let x = f32_slice(storage, layout, self.name())?;
         let dims = layout.shape().dims();
         let s = *dims.last().unwrap_or(&1);
         let q_len = self.q_len.max(1);
-        if s < q_len || (!x.is_empty() && (x.len() / s.max(1)) % q_len != 0) {
+        if s < q_len || (!x.is_empty() && !(x.len() / s.max(1)).is_multiple_of(q_len)) {
             candle_core::bail!("causal-softmax: shape {dims:?} does not fit q_len {q_len}");
         }
         let scale = self.scale;
@@ -117,10 +142,17 @@ impl CustomOp1 for CausalSoftmax {
         Ok((CpuStorage::F32(out), layout.shape().clone()))
     }
 
-    fn bwd(&self, _arg: &Tensor, res: &Tensor, grad_res: &Tensor) -> candle_core::Result<Option<Tensor>> {
+    fn bwd(
+        &self,
+        _arg: &Tensor,
+        res: &Tensor,
+        grad_res: &Tensor,
+    ) -> candle_core::Result<Option<Tensor>> {
         let g = grad_res.contiguous()?;
         let y = res.contiguous()?;
-        Ok(Some(y.apply_op2_no_bwd(&g, &SoftmaxBwd { scale: self.scale })?))
+        Ok(Some(
+            y.apply_op2_no_bwd(&g, &SoftmaxBwd { scale: self.scale })?,
+        ))
     }
 }
 
@@ -165,7 +197,7 @@ impl CustomOp2 for SoftmaxBwd {
 /// RMSNorm over the last dim, `x * rsqrt(mean(x^2) + eps) * w` (HF
 /// LlamaRMSNorm), differentiable in `x` and `w`.
 pub(crate) fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
-    if x.device().is_cpu() {
+    if fused(x.device()) {
         return Ok(x
             .contiguous()?
             .apply_op2(&w.contiguous()?, RmsNorm { eps: eps as f32 })?);
@@ -200,7 +232,11 @@ impl CustomOp2 for RmsNorm {
         let w = f32_slice(s2, l2, self.name())?;
         let h = *l1.shape().dims().last().unwrap_or(&1);
         if w.len() != h {
-            candle_core::bail!("rms-norm: weight {:?} vs input {:?}", l2.shape(), l1.shape());
+            candle_core::bail!(
+                "rms-norm: weight {:?} vs input {:?}",
+                l2.shape(),
+                l1.shape()
+            );
         }
         let eps = self.eps;
         let mut out = vec![0f32; x.len()];
@@ -359,7 +395,7 @@ pub(crate) fn rope_heads_first(x: &Tensor, tables: &RopeTables) -> Result<Tensor
             tables.half
         )));
     }
-    if x.device().is_cpu() {
+    if fused(x.device()) {
         return Ok(x.contiguous()?.apply_op1(Rope {
             tables: tables.clone(),
             inverse: false,
@@ -391,11 +427,19 @@ impl CustomOp1 for Rope {
         "actguide-rope"
     }
 
-    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+    fn cpu_fwd(
+        &self,
+        storage: &CpuStorage,
+        layout: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
         let x = f32_slice(storage, layout, self.name())?;
         let (d0, d1, d2, d) = layout.shape().dims4()?;
         // Input index order: forward (b, t, h, d); inverse (b, h, t, d).
-        let (b, t, h) = if self.inverse { (d0, d2, d1) } else { (d0, d1, d2) };
+        let (b, t, h) = if self.inverse {
+            (d0, d2, d1)
+        } else {
+            (d0, d1, d2)
+        };
         let half = d / 2;
         let tb = &self.tables;
         let (cos, sin) = (&tb.cos[..], &tb.sin[..]);
@@ -435,7 +479,12 @@ impl CustomOp1 for Rope {
         Ok((CpuStorage::F32(out), Shape::from(shape)))
     }
 
-    fn bwd(&self, _arg: &Tensor, _res: &Tensor, grad_res: &Tensor) -> candle_core::Result<Option<Tensor>> {
+    fn bwd(
+        &self,
+        _arg: &Tensor,
+        _res: &Tensor,
+        grad_res: &Tensor,
+    ) -> candle_core::Result<Option<Tensor>> {
         let g = grad_res.contiguous()?;
         Ok(Some(g.apply_op1(Rope {
             tables: self.tables.clone(),
@@ -451,7 +500,7 @@ impl CustomOp1 for Rope {
 /// `silu(gu[:, :i]) * gu[:, i:]` for the fused `[gate | up]` projection
 /// `gu` `(rows, 2 * i)`; differentiable.
 pub(crate) fn swiglu(gu: &Tensor) -> Result<Tensor> {
-    if gu.device().is_cpu() {
+    if fused(gu.device()) {
         return Ok(gu.contiguous()?.apply_op1(SwiGlu)?);
     }
     swiglu_composite(gu)
@@ -469,11 +518,15 @@ impl CustomOp1 for SwiGlu {
         "actguide-swiglu"
     }
 
-    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+    fn cpu_fwd(
+        &self,
+        storage: &CpuStorage,
+        layout: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
         let x = f32_slice(storage, layout, self.name())?;
         let mut dims = layout.shape().dims().to_vec();
         let two_i = *dims.last().unwrap_or(&0);
-        if two_i % 2 != 0 {
+        if !two_i.is_multiple_of(2) {
             candle_core::bail!("swiglu: odd last dim {two_i}");
         }
         let i = two_i / 2;
@@ -490,7 +543,12 @@ impl CustomOp1 for SwiGlu {
         Ok((CpuStorage::F32(out), Shape::from(dims)))
     }
 
-    fn bwd(&self, arg: &Tensor, _res: &Tensor, grad_res: &Tensor) -> candle_core::Result<Option<Tensor>> {
+    fn bwd(
+        &self,
+        arg: &Tensor,
+        _res: &Tensor,
+        grad_res: &Tensor,
+    ) -> candle_core::Result<Option<Tensor>> {
         let g = grad_res.contiguous()?;
         Ok(Some(arg.contiguous()?.apply_op2_no_bwd(&g, &SwiGluBwd)?))
     }
@@ -556,7 +614,7 @@ pub(crate) fn logp_entropy(logits: &Tensor, targets: &[u32], scale: f64) -> Resu
             "logp-entropy: target {bad} outside vocab {v}"
         )));
     }
-    if logits.device().is_cpu() {
+    if fused(logits.device()) {
         return Ok(logits.contiguous()?.apply_op1(LogpEntropy {
             targets: Arc::new(targets.to_vec()),
             scale: scale as f32,
@@ -565,7 +623,11 @@ pub(crate) fn logp_entropy(logits: &Tensor, targets: &[u32], scale: f64) -> Resu
     logp_entropy_composite(logits, targets, scale)
 }
 
-pub(crate) fn logp_entropy_composite(logits: &Tensor, targets: &[u32], scale: f64) -> Result<Tensor> {
+pub(crate) fn logp_entropy_composite(
+    logits: &Tensor,
+    targets: &[u32],
+    scale: f64,
+) -> Result<Tensor> {
     let n = targets.len();
     let z = logits.affine(scale, 0.0)?;
     let max = z.max_keepdim(D::Minus1)?.detach();
@@ -603,7 +665,11 @@ impl CustomOp1 for LogpEntropy {
         "actguide-logp-entropy"
     }
 
-    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+    fn cpu_fwd(
+        &self,
+        storage: &CpuStorage,
+        layout: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
         let x = f32_slice(storage, layout, self.name())?;
         let (n, v) = layout.shape().dims2()?;
         let scale = self.scale;
@@ -620,7 +686,12 @@ impl CustomOp1 for LogpEntropy {
         Ok((CpuStorage::F32(out), Shape::from((n, 2))))
     }
 
-    fn bwd(&self, arg: &Tensor, res: &Tensor, grad_res: &Tensor) -> candle_core::Result<Option<Tensor>> {
+    fn bwd(
+        &self,
+        arg: &Tensor,
+        res: &Tensor,
+        grad_res: &Tensor,
+    ) -> candle_core::Result<Option<Tensor>> {
         // Pack [grad_logp, grad_entropy, entropy] per row for the kernel.
         let g = grad_res.contiguous()?;
         let ent = res.narrow(1, 1, 1)?;
@@ -657,7 +728,11 @@ impl CustomOp2 for LogpEntropyBwd {
         let gp = f32_slice(s2, l2, self.name())?;
         let (n, v) = l1.shape().dims2()?;
         if l2.shape().dims2()? != (n, 3) {
-            candle_core::bail!("logp-entropy-bwd: bad shapes {:?} {:?}", l1.shape(), l2.shape());
+            candle_core::bail!(
+                "logp-entropy-bwd: bad shapes {:?} {:?}",
+                l1.shape(),
+                l2.shape()
+            );
         }
         let scale = self.scale;
         let targets = &self.targets[..];
@@ -713,8 +788,18 @@ mod tests {
             }
         }
         let mask = Tensor::from_vec(mask, (q_len, s), x.device()).unwrap();
-        let x = x.affine(scale, 0.0).unwrap().broadcast_add(&mask).unwrap();
-        candle_nn::ops::softmax(&x, D::Minus1).unwrap()
+        let shape = x.shape().clone();
+        let x = x
+            .reshape((x.elem_count() / (q_len * s), q_len, s))
+            .unwrap()
+            .affine(scale, 0.0)
+            .unwrap()
+            .broadcast_add(&mask)
+            .unwrap();
+        candle_nn::ops::softmax(&x, D::Minus1)
+            .unwrap()
+            .reshape(shape)
+            .unwrap()
     }
 
     #[test]
@@ -724,6 +809,8 @@ mod tests {
         for (shape, q_len) in [
             (vec![2, 3, 5, 5], 5),
             (vec![2, 2, 3, 7], 3),
+            // GQA layout: rows are (kv head, rep, query), q_len divides them.
+            (vec![2, 2, 6, 5], 3),
             (vec![4, 2, 2, 96, 96], 96),
         ] {
             let x = randn(&mut rng, &shape);
@@ -750,19 +837,49 @@ mod tests {
             let a = rms_norm(x.as_tensor(), w.as_tensor(), 1e-5).unwrap();
             let b = candle_nn::ops::rms_norm_slow(x.as_tensor(), w.as_tensor(), 1e-5).unwrap();
             assert!(max_diff(&a, &b) < 1e-5, "forward");
-            let ga = (a * wt.as_tensor()).unwrap().sum_all().unwrap().backward().unwrap();
-            let gb = (b * wt.as_tensor()).unwrap().sum_all().unwrap().backward().unwrap();
-            assert!(max_diff(ga.get(&x).unwrap(), gb.get(&x).unwrap()) < 1e-4, "dx");
+            let ga = (a * wt.as_tensor())
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .backward()
+                .unwrap();
+            let gb = (b * wt.as_tensor())
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .backward()
+                .unwrap();
+            assert!(
+                max_diff(ga.get(&x).unwrap(), gb.get(&x).unwrap()) < 1e-4,
+                "dx"
+            );
             let (dwa, dwb) = (ga.get(&w).unwrap(), gb.get(&w).unwrap());
-            let rel = max_diff(dwa, dwb) / dwb.abs().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap();
+            let rel = max_diff(dwa, dwb)
+                / dwb
+                    .abs()
+                    .unwrap()
+                    .max(0)
+                    .unwrap()
+                    .to_scalar::<f32>()
+                    .unwrap();
             assert!(rel < 1e-4, "dw rel {rel}");
         }
     }
 
     fn grads_match(fused: &Tensor, composite: &Tensor, x: &Var, weight: &Var, what: &str) {
         assert!(max_diff(fused, composite) < 1e-5, "{what} forward");
-        let ga = (fused * weight.as_tensor()).unwrap().sum_all().unwrap().backward().unwrap();
-        let gb = (composite * weight.as_tensor()).unwrap().sum_all().unwrap().backward().unwrap();
+        let ga = (fused * weight.as_tensor())
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        let gb = (composite * weight.as_tensor())
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
         let d = max_diff(ga.get(x).unwrap(), gb.get(x).unwrap());
         assert!(d < 1e-5, "{what} backward: {d}");
     }
@@ -770,7 +887,9 @@ mod tests {
     #[test]
     fn rope_matches_composite() {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(2);
-        let inv_freq: Vec<f32> = (0..8).map(|i| 1.0 / 10000f32.powf(2.0 * i as f32 / 16.0)).collect();
+        let inv_freq: Vec<f32> = (0..8)
+            .map(|i| 1.0 / 10000f32.powf(2.0 * i as f32 / 16.0))
+            .collect();
         // Shared positions (scoring), per-sequence positions (generation),
         // and a large case that goes through the threaded path.
         for (b, t, h, rows) in [(2, 5, 3, 1), (3, 4, 2, 3), (8, 64, 4, 8)] {

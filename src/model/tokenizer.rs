@@ -193,10 +193,12 @@ mod tests {
     use super::*;
 
     fn words() -> Vec<String> {
-        ["go", "to", "cabinet", "1", "10", ".", "you", "arrive", "at", "take", "apple", "from"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect()
+        [
+            "go", "to", "cabinet", "1", "10", ".", "you", "arrive", "at", "take", "apple", "from",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
     }
 
     #[test]

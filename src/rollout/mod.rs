@@ -23,6 +23,7 @@ pub struct RolloutOptions {
     pub history: usize,
     pub invalid_penalty: f64,
     pub max_action_tokens: usize,
+    pub show_actions: bool,
 }
 
 /// One episode to run.
@@ -95,7 +96,7 @@ struct Live<'a> {
 }
 
 impl Live<'_> {
-    fn render(&self, with_plan: bool, window: usize) -> String {
+    fn render(&self, with_plan: bool, window: usize, show_actions: bool) -> String {
         render(&PromptParts {
             goal: &self.req.task.goal,
             plan: if with_plan { &self.plan } else { &[] },
@@ -104,6 +105,7 @@ impl Live<'_> {
             status: &self.env.status(),
             observation: &self.observation,
             admissible: &self.admissible,
+            show_actions,
         })
     }
 
@@ -114,7 +116,12 @@ impl Live<'_> {
 }
 
 /// Token ids of a prompt: BOS + text, left-truncated to `max_len`.
-fn encode_prompt(tok: &Tok, bos: Option<u32>, text: &str, max_len: usize) -> Result<Vec<u32>, ModelError> {
+fn encode_prompt(
+    tok: &Tok,
+    bos: Option<u32>,
+    text: &str,
+    max_len: usize,
+) -> Result<Vec<u32>, ModelError> {
     let mut ids = Vec::with_capacity(256);
     ids.extend(bos);
     ids.extend(tok.encode(text)?);
@@ -188,7 +195,7 @@ pub fn run(
         // Executed expert prefix: the env runs the actions, they enter the
         // history, and each is recorded (for the auxiliary NLL only).
         for a in req.task.expert.iter().take(req.spec.prefix) {
-            let text = l.render(!l.plan.is_empty(), opts.history);
+            let text = l.render(!l.plan.is_empty(), opts.history, opts.show_actions);
             let prompt_ids = encode_prompt(tok, bos, &text, max_prompt)?;
             let mut action_ids = tok.encode(a)?;
             action_ids.push(eos);
@@ -243,9 +250,19 @@ pub fn run(
         for &i in &idx {
             let l = &live[i];
             let guided = !l.plan.is_empty();
-            prompts.push(encode_prompt(tok, bos, &l.render(guided, opts.history), max_prompt)?);
+            prompts.push(encode_prompt(
+                tok,
+                bos,
+                &l.render(guided, opts.history, opts.show_actions),
+                max_prompt,
+            )?);
             unguided.push(if guided {
-                Some(encode_prompt(tok, bos, &l.render(false, opts.history), max_prompt)?)
+                Some(encode_prompt(
+                    tok,
+                    bos,
+                    &l.render(false, opts.history, opts.show_actions),
+                    max_prompt,
+                )?)
             } else {
                 None
             });
@@ -274,15 +291,11 @@ pub fn run(
             let matched = project(&text, &l.admissible).cloned();
             let valid = matched.is_some();
             let action = matched.unwrap_or_else(|| text.clone());
-            let mut action_ids = g.tokens.clone();
-            if !g.finished {
-                // Truncated output: still train on what was generated.
-                action_ids = g.tokens;
-            }
             l.ep.turns.push(Turn {
                 prompt_ids: p,
                 unguided_prompt_ids: u,
-                action_ids,
+                // A truncated output (no EOS) is still trained on as is.
+                action_ids: g.tokens,
                 logprobs: g.logprobs,
                 prefix: false,
                 valid,

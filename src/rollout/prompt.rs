@@ -7,8 +7,23 @@
 
 /// Words the prompt scaffold adds on top of the env vocabulary.
 pub const SCAFFOLD_WORDS: &[&str] = &[
-    "task", ":", "plan", ".", "history", "none", ">", "status", "observation", "actions", "|",
-    "action", "(", ")", "may", "be", "incomplete",
+    "task",
+    ":",
+    "plan",
+    ".",
+    "history",
+    "none",
+    ">",
+    "status",
+    "observation",
+    "actions",
+    "|",
+    "action",
+    "(",
+    ")",
+    "may",
+    "be",
+    "incomplete",
 ];
 
 /// One past step as shown in the history window.
@@ -28,6 +43,9 @@ pub struct PromptParts<'a> {
     pub status: &'a str,
     pub observation: &'a str,
     pub admissible: &'a [String],
+    /// List the admissible actions in the prompt (constrained decoding
+    /// enforces them either way; leaving them out halves prompt length).
+    pub show_actions: bool,
 }
 
 /// Render a prompt. `plan` is shown only when non-empty (k ≥ 1); with
@@ -60,8 +78,10 @@ pub fn render(p: &PromptParts) -> String {
     s.push_str(p.status);
     s.push_str("\nobservation : ");
     s.push_str(p.observation);
-    s.push_str("\nactions : ");
-    s.push_str(&p.admissible.join(" | "));
+    if p.show_actions {
+        s.push_str("\nactions : ");
+        s.push_str(&p.admissible.join(" | "));
+    }
     s.push_str("\naction :");
     s
 }
@@ -108,7 +128,10 @@ mod tests {
 
     #[test]
     fn projection_normalises() {
-        let adm = vec!["go to cabinet 1".to_string(), "take apple 1 from desk 1".to_string()];
+        let adm = vec![
+            "go to cabinet 1".to_string(),
+            "take apple 1 from desk 1".to_string(),
+        ];
         assert_eq!(project("Go to  cabinet 1", &adm), Some(&adm[0]));
         assert_eq!(project("go to cabinet 1.", &adm), Some(&adm[0]));
         assert_eq!(project("go to cabinet 10", &adm), None);
@@ -134,6 +157,7 @@ mod tests {
             status: "You are at desk 1.",
             observation: "Nothing happens.",
             admissible: &adm,
+            show_actions: true,
         };
         let s = render(&p);
         assert!(s.contains("plan ( may be incomplete ) : 1 . go to desk 1"));
@@ -142,5 +166,10 @@ mod tests {
         assert!(s.ends_with("actions : look | inventory\naction :"));
         let unguided = render(&PromptParts { plan: &[], ..p });
         assert!(!unguided.contains("plan"));
+        let short = render(&PromptParts {
+            show_actions: false,
+            ..p
+        });
+        assert!(short.ends_with("observation : Nothing happens.\naction :"));
     }
 }

@@ -135,7 +135,11 @@ fn base_engine() -> (Engine, HostHandles) {
 
     let rng = handles.rng.clone();
     engine.register_fn("gaussian", move |mu: f64, sigma: f64| -> f64 {
-        let sigma = if sigma.is_finite() && sigma > 0.0 { sigma } else { 0.0 };
+        let sigma = if sigma.is_finite() && sigma > 0.0 {
+            sigma
+        } else {
+            0.0
+        };
         if sigma == 0.0 {
             return mu;
         }
@@ -232,8 +236,9 @@ impl Script {
     /// Compile source text; runs the top-level statements once (constants).
     pub fn compile(engine: &Engine, path: &Path, source: String) -> Result<Self, ScriptError> {
         let file = path.display().to_string();
-        let parse_err =
-            |e: rhai::ParseError| ScriptError::new(&file, e.position(), strip_position(&e.0.to_string()));
+        let parse_err = |e: rhai::ParseError| {
+            ScriptError::new(&file, e.position(), strip_position(&e.0.to_string()))
+        };
         let mut ast = engine.compile(&source).map_err(parse_err)?;
         ast.set_source(file.as_str());
         let mut scope = Scope::new();
@@ -250,7 +255,9 @@ impl Script {
                 consts.push_constant(name, value);
             }
         }
-        let mut ast = engine.compile_with_scope(&consts, &source).map_err(parse_err)?;
+        let mut ast = engine
+            .compile_with_scope(&consts, &source)
+            .map_err(parse_err)?;
         ast.set_source(file.as_str());
         Ok(Script {
             path: path.to_path_buf(),

@@ -70,7 +70,10 @@ mod tests {
     fn dr_grpo_and_zero_std() {
         let a = group_advantages(&[1.0, 0.0], AdvantageKind::DrGrpo);
         assert_eq!(a, vec![0.5, -0.5]);
-        assert_eq!(group_advantages(&[0.0; 4], AdvantageKind::Grpo), vec![0.0; 4]);
+        assert_eq!(
+            group_advantages(&[0.0; 4], AdvantageKind::Grpo),
+            vec![0.0; 4]
+        );
         assert!(is_zero_std(&[1.0, 1.0]));
         assert!(!is_zero_std(&[1.0, 0.0]));
     }

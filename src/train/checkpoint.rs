@@ -61,7 +61,11 @@ pub struct CheckpointFiles<'a> {
 
 /// Write `<dir>/checkpoints/step-NNNNNN/` atomically and point
 /// `<dir>/checkpoints/latest` at it.
-pub fn save(run_dir: &Path, state: &RunState, files: CheckpointFiles<'_>) -> Result<PathBuf, CheckpointError> {
+pub fn save(
+    run_dir: &Path,
+    state: &RunState,
+    files: CheckpointFiles<'_>,
+) -> Result<PathBuf, CheckpointError> {
     let root = run_dir.join("checkpoints");
     std::fs::create_dir_all(&root).map_err(|e| io(&root, e))?;
     let name = format!("step-{:06}", state.step);
@@ -71,8 +75,10 @@ pub fn save(run_dir: &Path, state: &RunState, files: CheckpointFiles<'_>) -> Res
         std::fs::remove_dir_all(&tmp).map_err(|e| io(&tmp, e))?;
     }
     std::fs::create_dir_all(&tmp).map_err(|e| io(&tmp, e))?;
-    candle_core::safetensors::save(&files.weights, tmp.join("model.safetensors")).map_err(|e| io(&tmp, e))?;
-    candle_core::safetensors::save(&files.optimizer, tmp.join("optimizer.safetensors")).map_err(|e| io(&tmp, e))?;
+    candle_core::safetensors::save(&files.weights, tmp.join("model.safetensors"))
+        .map_err(|e| io(&tmp, e))?;
+    candle_core::safetensors::save(&files.optimizer, tmp.join("optimizer.safetensors"))
+        .map_err(|e| io(&tmp, e))?;
     std::fs::write(tmp.join("config.json"), files.config_json).map_err(|e| io(&tmp, e))?;
     std::fs::write(tmp.join("tokenizer.json"), files.tokenizer_json).map_err(|e| io(&tmp, e))?;
     let st = serde_json::to_string_pretty(state).map_err(|e| io(&tmp, e))?;
@@ -97,7 +103,8 @@ pub struct Loaded {
 pub fn load_latest(run_dir: &Path, device: &Device) -> Result<Loaded, CheckpointError> {
     let root = run_dir.join("checkpoints");
     let latest = root.join("latest");
-    let name = std::fs::read_to_string(&latest).map_err(|e| io(&latest, format!("no checkpoint to resume from ({e})")))?;
+    let name = std::fs::read_to_string(&latest)
+        .map_err(|e| io(&latest, format!("no checkpoint to resume from ({e})")))?;
     let dir = root.join(name.trim());
     let st_path = dir.join("state.json");
     let st = std::fs::read_to_string(&st_path).map_err(|e| io(&st_path, e))?;

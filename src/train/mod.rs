@@ -146,7 +146,13 @@ impl Trainer {
     }
 
     /// One optimiser step per minibatch, `ppo_epochs` passes over `samples`.
-    pub fn step(&mut self, policy: &Policy, samples: &[Sample], step: usize, rng: &mut ChaCha8Rng) -> Result<TrainStats, TrainError> {
+    pub fn step(
+        &mut self,
+        policy: &Policy,
+        samples: &[Sample],
+        step: usize,
+        rng: &mut ChaCha8Rng,
+    ) -> Result<TrainStats, TrainError> {
         let t0 = Instant::now();
         let lr = self.lr(step);
         let mut stats = TrainStats {
@@ -181,7 +187,11 @@ impl Trainer {
         }
         let pt = sums.policy_tokens.max(1) as f64;
         stats.pg_loss = sums.pg / updates.max(1) as f64;
-        stats.aux_loss = if sums.aux_tokens > 0 { sums.aux_nll / sums.aux_tokens as f64 } else { 0.0 };
+        stats.aux_loss = if sums.aux_tokens > 0 {
+            sums.aux_nll / sums.aux_tokens as f64
+        } else {
+            0.0
+        };
         stats.kl = sums.kl / pt;
         stats.entropy = sums.entropy / pt;
         stats.clip_frac = sums.clipped as f64 / pt;
@@ -195,7 +205,12 @@ impl Trainer {
 
     /// Forward/backward over micro-batches of one minibatch; returns the
     /// summed gradients aligned with the optimiser's variables.
-    fn accumulate(&self, policy: &Policy, mb: &[&Sample], sums: &mut Sums) -> Result<Vec<Option<Tensor>>, TrainError> {
+    fn accumulate(
+        &self,
+        policy: &Policy,
+        mb: &[&Sample],
+        sums: &mut Sums,
+    ) -> Result<Vec<Option<Tensor>>, TrainError> {
         let c = &self.cfg;
         // Token weights so that the minibatch loss is the chosen aggregate.
         let policy_tokens: usize = mb.iter().filter(|s| !s.aux).map(|s| s.targets.len()).sum();
@@ -204,7 +219,11 @@ impl Trainer {
             *ep_tokens.entry(s.episode).or_default() += s.targets.len();
         }
         let n_eps = ep_tokens.len().max(1);
-        let aux_weight_total: f64 = mb.iter().filter(|s| s.aux).map(|s| s.aux_weight as f64 * s.targets.len() as f64).sum();
+        let aux_weight_total: f64 = mb
+            .iter()
+            .filter(|s| s.aux)
+            .map(|s| s.aux_weight as f64 * s.targets.len() as f64)
+            .sum();
         let use_aux = c.aux_nll_coef > 0.0 && aux_weight_total > 0.0;
 
         // Sort by length so micro-batches pad little; stable for determinism.
@@ -249,7 +268,8 @@ impl Trainer {
             }
             let n = w_pg.len();
             let t = |v: Vec<f32>| Tensor::from_vec(v, n, &dev);
-            let (w_pg_t, w_aux_t, adv_t, old_t) = (t(w_pg.clone())?, t(w_aux)?, t(adv.clone())?, t(old)?);
+            let (w_pg_t, w_aux_t, adv_t, old_t) =
+                (t(w_pg.clone())?, t(w_aux)?, t(adv.clone())?, t(old)?);
             let logp = &out.logp;
             let ratio = (logp - &old_t)?.exp()?;
             let neg_adv = adv_t.neg()?;
@@ -306,7 +326,9 @@ impl Trainer {
                             sums.kl += kv[k] as f64;
                         }
                         let a = adv[k];
-                        if (a > 0.0 && rt[k] as f64 > 1.0 + c.clip_high) || (a < 0.0 && (rt[k] as f64) < 1.0 - c.clip_low) {
+                        if (a > 0.0 && rt[k] as f64 > 1.0 + c.clip_high)
+                            || (a < 0.0 && (rt[k] as f64) < 1.0 - c.clip_low)
+                        {
                             sums.clipped += 1;
                         }
                     }
@@ -334,7 +356,11 @@ struct Sums {
 pub fn global_norm(grads: &[Option<Tensor>]) -> Result<f64, candle_core::Error> {
     let mut total = 0f64;
     for g in grads.iter().flatten() {
-        total += g.sqr()?.sum_all()?.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+        total += g
+            .sqr()?
+            .sum_all()?
+            .to_dtype(DType::F64)?
+            .to_scalar::<f64>()?;
     }
     Ok(total.sqrt())
 }

@@ -80,14 +80,22 @@ impl AdamW {
     }
 
     /// Restore moments saved by `state_tensors`.
-    pub fn load_state(&mut self, tensors: &HashMap<String, Tensor>, t: u64) -> std::result::Result<(), String> {
+    pub fn load_state(
+        &mut self,
+        tensors: &HashMap<String, Tensor>,
+        t: u64,
+    ) -> std::result::Result<(), String> {
         for (i, (name, var)) in self.vars.iter().enumerate() {
             for (slot, key) in [(0, format!("m.{name}")), (1, format!("v.{name}"))] {
                 let x = tensors
                     .get(&key)
                     .ok_or_else(|| format!("optimizer state lacks `{key}`"))?;
                 if x.dims() != var.dims() {
-                    return Err(format!("optimizer state `{key}` has shape {:?}, expected {:?}", x.dims(), var.dims()));
+                    return Err(format!(
+                        "optimizer state `{key}` has shape {:?}, expected {:?}",
+                        x.dims(),
+                        var.dims()
+                    ));
                 }
                 let x = x.to_device(var.device()).map_err(|e| e.to_string())?;
                 if slot == 0 {
@@ -112,14 +120,22 @@ mod tests {
         let x = Var::new(&[3.0f32, -2.0], &Device::Cpu).unwrap();
         let mut opt = AdamW::new(
             vec![("x".into(), x.clone())],
-            AdamWParams { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0 },
+            AdamWParams {
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+                weight_decay: 0.0,
+            },
         )
         .unwrap();
         // First Adam step moves each coordinate by lr·sign(g).
         let g = (x.as_tensor() * 2.0).unwrap();
         opt.step(&[Some(g)], 0.1).unwrap();
         let v = x.as_tensor().to_vec1::<f32>().unwrap();
-        assert!((v[0] - 2.9).abs() < 1e-5 && (v[1] + 1.9).abs() < 1e-5, "{v:?}");
+        assert!(
+            (v[0] - 2.9).abs() < 1e-5 && (v[1] + 1.9).abs() < 1e-5,
+            "{v:?}"
+        );
         for _ in 0..300 {
             let g = (x.as_tensor() * 2.0).unwrap();
             opt.step(&[Some(g)], 0.05).unwrap();

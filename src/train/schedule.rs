@@ -1,7 +1,14 @@
 //! Learning-rate schedule: linear warm-up, then cosine decay (or constant).
 
 /// Learning rate at `step` (0-based) of `total` steps.
-pub fn lr_at(base: f64, step: usize, total: usize, warmup: usize, cosine: bool, min_ratio: f64) -> f64 {
+pub fn lr_at(
+    base: f64,
+    step: usize,
+    total: usize,
+    warmup: usize,
+    cosine: bool,
+    min_ratio: f64,
+) -> f64 {
     if warmup > 0 && step < warmup {
         return base * (step + 1) as f64 / warmup as f64;
     }
