@@ -80,9 +80,10 @@ pub fn run(cfg: &BenchConfig) -> Result<BenchReport, RunError> {
         invalid_penalty: 0.0,
         max_action_tokens: 16,
         show_actions: true,
+        max_steps: cfg.max_steps,
+        step_slack: None,
     };
-    let max_steps = cfg.max_steps;
-    let make = move || -> Box<dyn Env> { make_env("household", max_steps) };
+    let make = |limit: usize| -> Box<dyn Env> { make_env("household", limit) };
     let (mut rt, mut rtok, mut gtok, mut tt, mut ttok) = (0.0, 0usize, 0usize, 0.0, 0usize);
     let mut episodes_per_step = 0;
     for step in 0..cfg.steps {

@@ -63,9 +63,14 @@ pub struct EnvSection {
     pub kind: String,
     pub train: String,
     pub test: String,
-    /// Episode step limit (policy and prefix actions together).
+    /// Episode step limit in policy actions (executed expert prefix
+    /// actions come on top).
     #[serde(default = "d_max_steps")]
     pub max_steps: usize,
+    /// If set, a task's policy budget is min(max_steps, expert actions
+    /// left + step_slack): rewarded episodes then hold little wandering.
+    #[serde(default)]
+    pub step_slack: Option<usize>,
 }
 
 fn d_env_kind() -> String {
@@ -323,7 +328,9 @@ impl Experiment {
                 "rollout.tasks_per_step and rollout.group_size must be ≥ 1".into(),
             ));
         }
-        if !(r.temperature > 0.0) || !(r.top_p > 0.0 && r.top_p <= 1.0) {
+        let temperature_ok = r.temperature > 0.0; // false for NaN too
+        let top_p_ok = r.top_p > 0.0 && r.top_p <= 1.0;
+        if !temperature_ok || !top_p_ok {
             return Err(bad(
                 "rollout.temperature must be > 0 and rollout.top_p in (0, 1]".into(),
             ));

@@ -10,18 +10,28 @@ use crate::guidance::{Clusters, ResolvedSpec};
 use crate::model::{Policy, Tok};
 use crate::rollout::{self, EpisodeRequest, RolloutError, RolloutOptions, RolloutStats};
 
-/// Evaluate `policy` on `tasks` with `samples` unguided rollouts each.
+/// What to evaluate on.
+#[derive(Debug, Clone, Copy)]
+pub struct EvalSet<'a> {
+    pub tasks: &'a [Task],
+    /// Unguided rollouts per task.
+    pub samples: usize,
+    /// Clusters for the per-cluster breakdown.
+    pub clusters: &'a Clusters,
+}
+
+/// Evaluate `policy` on a set of tasks with unguided rollouts.
 pub fn evaluate(
     policy: &Policy,
     tok: &Tok,
-    make_env: &dyn Fn() -> Box<dyn Env>,
-    tasks: &[Task],
-    samples: usize,
+    make_env: &dyn Fn(usize) -> Box<dyn Env>,
+    set: &EvalSet<'_>,
     opts: &RolloutOptions,
-    clusters: &Clusters,
     rng: &mut ChaCha8Rng,
 ) -> Result<(Value, RolloutStats), RolloutError> {
-    let reqs: Vec<EpisodeRequest> = tasks
+    let samples = set.samples;
+    let reqs: Vec<EpisodeRequest> = set
+        .tasks
         .iter()
         .flat_map(|t| {
             (0..samples.max(1)).map(move |_| EpisodeRequest {
@@ -33,5 +43,5 @@ pub fn evaluate(
     let (eps, stats) = rollout::run(policy, tok, make_env, &reqs, opts, rng)?;
     let pairs: Vec<(&Task, &rollout::Episode)> =
         reqs.iter().map(|r| r.task).zip(eps.iter()).collect();
-    Ok((success_breakdown(&pairs, clusters), stats))
+    Ok((success_breakdown(&pairs, set.clusters), stats))
 }

@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 
 use crate::env::{make_env, panel, Env, Task};
 use crate::experiment::config::{ConfigError, Experiment};
-use crate::experiment::eval::evaluate;
+use crate::experiment::eval::{evaluate, EvalSet};
 use crate::experiment::metrics::{mean, round, std, success_breakdown};
 use crate::guidance::{Clusters, GuidanceHost, GuidanceSpec, TaskResult, TaskView};
 use crate::model::{ModelConfig, ModelError, Policy, Tok};
@@ -137,8 +137,7 @@ pub fn run(
     });
     let make = {
         let kind = ctx.exp.env.kind.clone();
-        let max_steps = ctx.exp.env.max_steps;
-        move || -> Box<dyn Env> { make_env(&kind, max_steps) }
+        move |limit: usize| -> Box<dyn Env> { make_env(&kind, limit) }
     };
     if start_step == 0 && !ctx.evals.iter().any(|(s, _)| *s == 0) {
         run_eval(&mut ctx, 0, &make, on_event)?;
@@ -202,13 +201,11 @@ fn setup(exp: Experiment, opts: &RunOptions) -> Result<(Ctx, usize), RunError> {
         Some(d) => Some(checkpoint::load_latest(d, &device)?),
         None => None,
     };
-    if resumed.is_none() {
-        if run_dir.join("metrics.jsonl").exists() {
-            return Err(io_err(
-                &run_dir,
-                "run directory already holds a run; resume it with `--resume`, or change `name`",
-            ));
-        }
+    if resumed.is_none() && run_dir.join("metrics.jsonl").exists() {
+        return Err(io_err(
+            &run_dir,
+            "run directory already holds a run; resume it with `--resume`, or change `name`",
+        ));
     }
     std::fs::create_dir_all(run_dir.join("scripts")).map_err(|e| io_err(&run_dir, e))?;
     let train = panel::read_jsonl(Path::new(&exp.env.train))?;
@@ -303,6 +300,8 @@ fn setup(exp: Experiment, opts: &RunOptions) -> Result<(Ctx, usize), RunError> {
         invalid_penalty: exp.rollout.invalid_penalty,
         max_action_tokens: exp.rollout.max_action_tokens,
         show_actions: exp.rollout.show_actions,
+        max_steps: exp.env.max_steps,
+        step_slack: exp.env.step_slack,
     };
     Ok((
         Ctx {
@@ -392,7 +391,7 @@ fn tasks_for_step(seed_: u64, n: usize, per_step: usize, step: usize) -> Vec<usi
 fn train_step(
     ctx: &mut Ctx,
     step: usize,
-    make: &dyn Fn() -> Box<dyn Env>,
+    make: &dyn Fn(usize) -> Box<dyn Env>,
     on_event: &mut dyn FnMut(Event),
 ) -> Result<Value, RunError> {
     let t_step = Instant::now();
@@ -581,7 +580,7 @@ fn train_step(
 fn run_eval(
     ctx: &mut Ctx,
     step: usize,
-    make: &dyn Fn() -> Box<dyn Env>,
+    make: &dyn Fn(usize) -> Box<dyn Env>,
     on_event: &mut dyn FnMut(Event),
 ) -> Result<(), RunError> {
     let e = &ctx.exp.evaluation;
@@ -597,10 +596,12 @@ fn run_eval(
         &ctx.policy,
         &ctx.tok,
         make,
-        &ctx.test[..n],
-        if e.greedy { 1 } else { e.samples },
+        &EvalSet {
+            tasks: &ctx.test[..n],
+            samples: if e.greedy { 1 } else { e.samples },
+            clusters: &ctx.clusters,
+        },
         &opts,
-        &ctx.clusters,
         &mut rng,
     )?;
     let success = result["success"].as_f64().unwrap_or(0.0);

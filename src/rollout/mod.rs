@@ -24,6 +24,25 @@ pub struct RolloutOptions {
     pub invalid_penalty: f64,
     pub max_action_tokens: usize,
     pub show_actions: bool,
+    /// Policy actions per episode (executed prefix actions come on top).
+    pub max_steps: usize,
+    /// If set, an episode's policy budget is at most the expert actions
+    /// still to do plus this slack: success then needs near-expert play,
+    /// so rewarded episodes carry few wandering actions.
+    pub step_slack: Option<usize>,
+}
+
+impl RolloutOptions {
+    /// Env step limit for a task with `expert_len` actions of which
+    /// `prefix` are executed for the policy.
+    pub fn env_limit(&self, expert_len: usize, prefix: usize) -> usize {
+        let remaining = expert_len.saturating_sub(prefix);
+        let budget = match self.step_slack {
+            Some(slack) => self.max_steps.min(remaining + slack),
+            None => self.max_steps,
+        };
+        prefix + budget.max(1)
+    }
 }
 
 /// One episode to run.
@@ -133,12 +152,12 @@ fn encode_prompt(
     Ok(ids)
 }
 
-/// Run all `requests` to completion. `make_env` builds a fresh env per
-/// episode. Generation is one batch over every live episode per turn.
+/// Run all `requests` to completion. `make_env(limit)` builds a fresh env
+/// per episode with that step limit (see [`RolloutOptions::env_limit`]). Generation is one batch over every live episode per turn.
 pub fn run(
     policy: &Policy,
     tok: &Tok,
-    make_env: &dyn Fn() -> Box<dyn Env>,
+    make_env: &dyn Fn(usize) -> Box<dyn Env>,
     requests: &[EpisodeRequest<'_>],
     opts: &RolloutOptions,
     rng: &mut ChaCha8Rng,
@@ -154,7 +173,7 @@ pub fn run(
     let mut stats = RolloutStats::default();
     let mut live: Vec<Live> = Vec::with_capacity(requests.len());
     for req in requests {
-        let mut env = make_env();
+        let mut env = make_env(opts.env_limit(req.task.expert.len(), req.spec.prefix));
         let ep = Episode {
             task_id: req.task.id.clone(),
             spec: req.spec,
@@ -326,4 +345,34 @@ pub fn run(
     }
     stats.seconds = t0.elapsed().as_secs_f64();
     Ok((live.into_iter().map(|l| l.ep).collect(), stats))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts(max_steps: usize, step_slack: Option<usize>) -> RolloutOptions {
+        RolloutOptions {
+            temperature: 1.0,
+            top_p: 1.0,
+            greedy: false,
+            constrained: true,
+            history: 1,
+            invalid_penalty: 0.0,
+            max_action_tokens: 8,
+            show_actions: true,
+            max_steps,
+            step_slack,
+        }
+    }
+
+    #[test]
+    fn env_limit_counts_policy_actions_on_top_of_the_prefix() {
+        assert_eq!(opts(8, None).env_limit(6, 0), 8);
+        assert_eq!(opts(8, None).env_limit(6, 4), 12);
+        // With slack: expert actions left + slack, capped by max_steps.
+        assert_eq!(opts(8, Some(2)).env_limit(6, 4), 4 + 4);
+        assert_eq!(opts(8, Some(2)).env_limit(10, 0), 8);
+        assert_eq!(opts(8, Some(0)).env_limit(3, 3), 3 + 1);
+    }
 }

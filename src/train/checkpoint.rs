@@ -1,5 +1,5 @@
-//! Checkpoints: weights (safetensors, HF names) + model config + tokenizer
-//! + optimiser moments + run state (step, script state, task history, eval
+//! Checkpoints: weights (safetensors, HF names), model config, tokenizer,
+//! optimiser moments and run state (step, script state, task history, eval
 //! history), written to a temporary folder and renamed into place so a
 //! killed run never leaves a half-written checkpoint.
 
