@@ -27,8 +27,8 @@ fn prompt_rendering_is_pinned() {
     });
     let next = env.step(&task.expert[0]).unwrap();
     let history = vec![Step {
+        observation: obs.text.clone(),
         action: task.expert[0].clone(),
-        observation: next.text.clone(),
     }];
     let second = render(&PromptParts {
         goal: &task.goal,

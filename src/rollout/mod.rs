@@ -229,11 +229,11 @@ pub fn run(
                         valid: obs.valid,
                         action: a.clone(),
                     });
+                    let before = std::mem::replace(&mut l.observation, obs.text);
                     l.history.push(Step {
+                        observation: before,
                         action: a.clone(),
-                        observation: obs.text.clone(),
                     });
-                    l.observation = obs.text;
                     l.admissible = obs.admissible;
                     if obs.done {
                         l.ep.success = obs.success;
@@ -328,11 +328,11 @@ pub fn run(
             match l.env.step(&action) {
                 Ok(obs) => {
                     l.ep.reward += f64::from(obs.reward);
+                    let before = std::mem::replace(&mut l.observation, obs.text);
                     l.history.push(Step {
+                        observation: before,
                         action,
-                        observation: obs.text.clone(),
                     });
-                    l.observation = obs.text;
                     l.admissible = obs.admissible;
                     if obs.done {
                         l.ep.success = obs.success;

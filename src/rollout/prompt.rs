@@ -26,11 +26,13 @@ pub const SCAFFOLD_WORDS: &[&str] = &[
     "incomplete",
 ];
 
-/// One past step as shown in the history window.
+/// One past step as shown in the history window: the observation the
+/// agent had, and the action it took. (The action's result is the next
+/// step's observation, or the prompt's current observation.)
 #[derive(Debug, Clone, PartialEq)]
 pub struct Step {
-    pub action: String,
     pub observation: String,
+    pub action: String,
 }
 
 /// Everything a prompt shows.
@@ -67,11 +69,14 @@ pub fn render(p: &PromptParts) -> String {
     if start == p.history.len() {
         s.push_str(" none");
     }
-    for st in &p.history[start..] {
+    for (i, st) in p.history[start..].iter().enumerate() {
+        if i > 0 {
+            s.push_str(" |");
+        }
+        s.push(' ');
+        s.push_str(&st.observation);
         s.push_str(" > ");
         s.push_str(&st.action);
-        s.push_str(" : ");
-        s.push_str(&st.observation);
     }
     s.push('\n');
     s.push_str("status : ");
@@ -161,7 +166,7 @@ mod tests {
         };
         let s = render(&p);
         assert!(s.contains("plan ( may be incomplete ) : 1 . go to desk 1"));
-        assert!(s.contains("> a2 : o2 > a3 : o3"));
+        assert!(s.contains("history : o2 > a2 | o3 > a3\n"), "{s}");
         assert!(!s.contains("a1"));
         assert!(s.ends_with("actions : look | inventory\naction :"));
         let unguided = render(&PromptParts { plan: &[], ..p });

@@ -271,16 +271,8 @@ impl Trainer {
             let (w_pg_t, w_aux_t, adv_t, old_t) =
                 (t(w_pg.clone())?, t(w_aux)?, t(adv.clone())?, t(old)?);
             let logp = &out.logp;
-            let ratio = (logp - &old_t)?.exp()?;
-            let neg_adv = adv_t.neg()?;
-            let l1 = (&neg_adv * &ratio)?;
-            let l2 = (&neg_adv * ratio.clamp(1.0 - c.clip_low, 1.0 + c.clip_high)?)?;
-            let mut pg = l1.maximum(&l2)?;
-            if c.dual_clip > 0.0 {
-                let cap = (&neg_adv * c.dual_clip)?;
-                let neg_mask = adv_t.lt(0.0f32)?;
-                pg = neg_mask.where_cond(&pg.minimum(&cap)?, &pg)?;
-            }
+            let (pg, ratio) =
+                ppo_token_loss(logp, &old_t, &adv_t, c.clip_low, c.clip_high, c.dual_clip)?;
             let pg_loss = (&pg * &w_pg_t)?.sum_all()?;
             let mut loss = pg_loss.clone();
             if use_aux {
@@ -352,6 +344,29 @@ struct Sums {
     train_tokens: usize,
 }
 
+/// Per-token PPO loss (to be minimised) and the ratio π_θ/π_old:
+/// max(−Â ρ, −Â clip(ρ, 1−ε_low, 1+ε_high)), and for Â < 0 with dual clip c
+/// also capped at −c Â (ALGORITHMS.md §1).
+pub fn ppo_token_loss(
+    logp: &Tensor,
+    old_logp: &Tensor,
+    adv: &Tensor,
+    clip_low: f64,
+    clip_high: f64,
+    dual_clip: f64,
+) -> Result<(Tensor, Tensor), candle_core::Error> {
+    let ratio = (logp - old_logp)?.exp()?;
+    let neg_adv = adv.neg()?;
+    let l1 = (&neg_adv * &ratio)?;
+    let l2 = (&neg_adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)?)?;
+    let mut pg = l1.maximum(&l2)?;
+    if dual_clip > 0.0 {
+        let cap = (&neg_adv * dual_clip)?;
+        pg = adv.lt(0.0f32)?.where_cond(&pg.minimum(&cap)?, &pg)?;
+    }
+    Ok((pg, ratio))
+}
+
 /// Global L2 norm over all gradients.
 pub fn global_norm(grads: &[Option<Tensor>]) -> Result<f64, candle_core::Error> {
     let mut total = 0f64;
@@ -363,4 +378,80 @@ pub fn global_norm(grads: &[Option<Tensor>]) -> Result<f64, candle_core::Error> 
             .to_scalar::<f64>()?;
     }
     Ok(total.sqrt())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{Device, Var};
+
+    /// Loss and d loss / d logp for one token.
+    fn one(logp: f32, old: f32, adv: f32) -> (f32, f32) {
+        let dev = Device::Cpu;
+        let lp = Var::new(&[logp], &dev).unwrap();
+        let old = Tensor::new(&[old], &dev).unwrap();
+        let adv = Tensor::new(&[adv], &dev).unwrap();
+        let (pg, _) = ppo_token_loss(lp.as_tensor(), &old, &adv, 0.2, 0.28, 3.0).unwrap();
+        let g = pg.sum_all().unwrap().backward().unwrap();
+        let grad = g
+            .get(lp.as_tensor())
+            .map(|t| t.to_vec1::<f32>().unwrap()[0])
+            .unwrap_or(0.0);
+        (pg.to_vec1::<f32>().unwrap()[0], grad)
+    }
+
+    #[test]
+    fn ppo_loss_clips_and_dual_clips() {
+        // ratio 1: loss −A, gradient −A (push up good tokens).
+        let (l, g) = one(-1.0, -1.0, 2.0);
+        assert!((l + 2.0).abs() < 1e-6 && (g + 2.0).abs() < 1e-5, "{l} {g}");
+        // A > 0, ratio 1.5 > 1 + 0.28: clipped, loss −1.28 A, no gradient.
+        let (l, g) = one(1.5f32.ln(), 0.0, 1.0);
+        assert!((l + 1.28).abs() < 1e-5 && g == 0.0, "{l} {g}");
+        // A < 0, ratio 0.5 < 1 − 0.2: clipped at 0.8, no gradient.
+        let (l, g) = one(0.5f32.ln(), 0.0, -1.0);
+        assert!((l - 0.8).abs() < 1e-5 && g == 0.0, "{l} {g}");
+        // A < 0, ratio 5: unclipped would be 5|A|, dual clip caps at 3|A|.
+        let (l, g) = one(5f32.ln(), 0.0, -1.0);
+        assert!((l - 3.0).abs() < 1e-5 && g == 0.0, "{l} {g}");
+        // A < 0, ratio 2 (inside the dual-clip cap): loss 2|A|, gradient flows.
+        let (l, g) = one(2f32.ln(), 0.0, -1.0);
+        assert!((l - 2.0).abs() < 1e-5 && (g - 2.0).abs() < 1e-4, "{l} {g}");
+    }
+
+    #[test]
+    fn samples_skip_prefix_turns_unless_aux() {
+        use crate::guidance::ResolvedSpec;
+        use crate::rollout::{Episode, Turn};
+        let turn = |prefix: bool| Turn {
+            prompt_ids: vec![2, 5, 6],
+            unguided_prompt_ids: None,
+            action_ids: vec![7, 3],
+            logprobs: if prefix { vec![] } else { vec![-1.0, -0.5] },
+            prefix,
+            valid: true,
+            action: "look".into(),
+        };
+        let ep = Episode {
+            task_id: "t".into(),
+            spec: ResolvedSpec {
+                prefix: 2,
+                ..Default::default()
+            },
+            turns: vec![turn(true), turn(true), turn(false)],
+            success: true,
+            reward: 1.0,
+            invalid: 0,
+            policy_turns: 1,
+            error: None,
+        };
+        let s = build_samples(std::slice::from_ref(&ep), &[0.5], false);
+        assert_eq!(s.len(), 1);
+        assert_eq!(s[0].targets, vec![3, 4]);
+        assert_eq!(s[0].old_logp, vec![-1.0, -0.5]);
+        assert_eq!(s[0].advantage, 0.5);
+        let s = build_samples(&[ep], &[0.5], true);
+        assert_eq!(s.iter().filter(|x| x.aux).count(), 2);
+        assert!(s.iter().filter(|x| x.aux).all(|x| x.aux_weight == 0.5));
+    }
 }
