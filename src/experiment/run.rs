@@ -195,18 +195,12 @@ fn setup(exp: Experiment, opts: &RunOptions) -> Result<(Ctx, usize), RunError> {
     let device = Device::Cpu;
     let run_dir = match &opts.resume {
         Some(d) => d.clone(),
-        None => exp.run_dir(),
+        None => fresh_run_dir(&exp.run_dir()),
     };
     let resumed = match &opts.resume {
         Some(d) => Some(checkpoint::load_latest(d, &device)?),
         None => None,
     };
-    if resumed.is_none() && run_dir.join("metrics.jsonl").exists() {
-        return Err(io_err(
-            &run_dir,
-            "run directory already holds a run; resume it with `--resume`, or change `name`",
-        ));
-    }
     std::fs::create_dir_all(run_dir.join("scripts")).map_err(|e| io_err(&run_dir, e))?;
     let train = panel::read_jsonl(Path::new(&exp.env.train))?;
     let test = panel::read_jsonl(Path::new(&exp.env.test))?;
@@ -322,6 +316,20 @@ fn setup(exp: Experiment, opts: &RunOptions) -> Result<(Ctx, usize), RunError> {
         },
         start_step,
     ))
+}
+
+/// `runs/<name>`, or `runs/<name>-2`, `-3`, … when earlier runs hold the
+/// name: a new run never overwrites an old one.
+fn fresh_run_dir(base: &Path) -> PathBuf {
+    let taken = |p: &Path| p.join("experiment.json").exists() || p.join("metrics.jsonl").exists();
+    if !taken(base) {
+        return base.to_path_buf();
+    }
+    let name = base.file_name().and_then(|s| s.to_str()).unwrap_or("run");
+    (2..)
+        .map(|i| base.with_file_name(format!("{name}-{i}")))
+        .find(|p| !taken(p))
+        .expect("an unused name exists")
 }
 
 /// Keep a copy of every script version used: `scripts/<stem>-<hash>.rhai`.
@@ -649,6 +657,16 @@ fn save_checkpoint(ctx: &Ctx, step: usize) -> Result<PathBuf, RunError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn new_runs_never_reuse_a_directory() {
+        let tmp = tempfile::tempdir().unwrap();
+        let base = tmp.path().join("q");
+        assert_eq!(fresh_run_dir(&base), base);
+        std::fs::create_dir_all(&base).unwrap();
+        std::fs::write(base.join("experiment.json"), "{}").unwrap();
+        assert_eq!(fresh_run_dir(&base), tmp.path().join("q-2"));
+    }
 
     #[test]
     fn task_order_covers_each_epoch() {
