@@ -266,22 +266,30 @@ fn run(
         }
         Event::Step { step, metrics: m } => {
             let t = &m["time"];
-            let msg = format!(
-                "train success {:.2} | guided {:.2} depth {:.2} | zero-std {:.2} | {:.1}s/step | {:.0} rollout tok/s {:.0} train tok/s",
-                m["success"].as_f64().unwrap_or(0.0),
-                m["guided_frac"].as_f64().unwrap_or(0.0),
-                m["depth_mean"].as_f64().unwrap_or(0.0),
-                m["frac_zero_std"].as_f64().unwrap_or(0.0),
-                t["step_s"].as_f64().unwrap_or(0.0),
-                t["rollout_tokens_per_s"].as_f64().unwrap_or(0.0),
-                t["train_tokens_per_s"].as_f64().unwrap_or(0.0),
-            );
             match &bar {
                 Some(b) => {
                     b.set_position(step as u64 + 1);
-                    b.set_message(msg);
+                    // Short enough for one terminal line.
+                    b.set_message(format!(
+                        "success {:.2} | depth {:.2} | {:.1}s/step",
+                        m["success"].as_f64().unwrap_or(0.0),
+                        m["depth_mean"].as_f64().unwrap_or(0.0),
+                        t["step_s"].as_f64().unwrap_or(0.0),
+                    ));
                 }
-                None => eprintln!("step {:>4}/{steps} | {msg}", step + 1),
+                None => {
+                    let msg = format!(
+                        "train success {:.2} | guided {:.2} depth {:.2} | zero-std {:.2} | {:.1}s/step | {:.0} rollout tok/s {:.0} train tok/s",
+                        m["success"].as_f64().unwrap_or(0.0),
+                        m["guided_frac"].as_f64().unwrap_or(0.0),
+                        m["depth_mean"].as_f64().unwrap_or(0.0),
+                        m["frac_zero_std"].as_f64().unwrap_or(0.0),
+                        t["step_s"].as_f64().unwrap_or(0.0),
+                        t["rollout_tokens_per_s"].as_f64().unwrap_or(0.0),
+                        t["train_tokens_per_s"].as_f64().unwrap_or(0.0),
+                    );
+                    eprintln!("step {:>4}/{steps} | {msg}", step + 1);
+                }
             }
         }
         Event::Eval { step, result } => say(

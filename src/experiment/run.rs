@@ -430,13 +430,13 @@ fn train_step(
             script_errors += 1;
             on_event(Event::ScriptError(e.to_string()));
         }
+        if specs.contains(&GuidanceSpec::Expert) {
+            on_event(Event::Log(format!(
+                "{}: expert() needs LUFFY's off-policy loss, which this build does not have yet; those rollouts run unguided",
+                task.id
+            )));
+        }
         for s in specs {
-            if s == GuidanceSpec::Expert {
-                on_event(Event::Log(format!(
-                    "{}: expert() needs an off-policy loss this build does not have yet; rollout unguided",
-                    task.id
-                )));
-            }
             let mut resolved = s.resolve(task.expert.len());
             resolved.expert = false;
             requests.push(EpisodeRequest {
