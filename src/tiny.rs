@@ -60,3 +60,53 @@ pub fn write_tiny_model(out: &Path) -> Result<(ModelConfig, usize), ModelError> 
     cfg.save(&out.join("config.json"))?;
     Ok((cfg, tok.vocab_size()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::env::{panel, Env};
+
+    fn root() -> std::path::PathBuf {
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    }
+
+    #[test]
+    fn committed_tiny_card_matches_the_generator() {
+        let tok = Tok::from_file(&root().join("models/tiny/tokenizer.json")).unwrap();
+        let fresh = tiny_tokenizer().unwrap();
+        assert_eq!(tok.vocab_size(), fresh.vocab_size());
+        for w in ["go", "to", "cabinet", "1", "[EOS]", "action", ":"] {
+            assert_eq!(tok.token_id(w), fresh.token_id(w), "{w}");
+        }
+        let cfg = ModelConfig::from_file(&root().join("models/tiny/config.json")).unwrap();
+        assert_eq!(cfg, tiny_config(fresh.vocab_size()));
+        assert_eq!(tok.token_id("[EOS]"), cfg.eos_token_id);
+        assert_eq!(tok.token_id("[BOS]"), cfg.bos_token_id);
+    }
+
+    #[test]
+    fn panels_and_env_text_encode_without_unknown_tokens() {
+        let tok = tiny_tokenizer().unwrap();
+        let unk = tok.token_id("[UNK]").unwrap();
+        for f in ["train", "test"] {
+            let tasks =
+                panel::read_jsonl(&root().join(format!("envs/household/{f}.jsonl"))).unwrap();
+            for t in tasks.iter().take(40) {
+                let mut env = household::HouseholdEnv::new(50);
+                let obs = env.reset(t).unwrap();
+                let mut texts = vec![t.goal.clone(), obs.text, env.status()];
+                texts.extend(obs.admissible);
+                for a in &t.expert {
+                    let o = env.step(a).unwrap();
+                    texts.push(a.clone());
+                    texts.push(o.text);
+                    texts.push(env.status());
+                }
+                for s in texts {
+                    let ids = tok.encode(&s).unwrap();
+                    assert!(!ids.contains(&unk), "unknown word in {s:?}");
+                }
+            }
+        }
+    }
+}
