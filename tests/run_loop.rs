@@ -158,3 +158,35 @@ fn bad_experiment_file_gives_a_positioned_error_and_starts_nothing() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains(&format!("{}:3:", path.display())), "{err}");
 }
+
+#[test]
+fn a_script_error_during_the_run_does_not_stop_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let script = tmp.path().join("flaky.rhai");
+    std::fs::write(
+        &script,
+        "fn plan(task, state) {\n    if task.step == 1 { throw \"boom\"; }\n    prefix_ratio(0.5)\n}\nfn update(batch, state) {\n    if batch.step == 2 { let x = batch.nope + 1; }\n}\n",
+    )
+    .unwrap();
+    let mut exp = experiment(tmp.path(), "flaky", 3, "zero_rl.rhai");
+    exp.guidance.script = script.display().to_string();
+    exp.evaluation.every = 0;
+    let mut errors = Vec::new();
+    let s = experiment::run(exp, &RunOptions::default(), &mut |ev| {
+        if let experiment::Event::ScriptError(e) = ev {
+            errors.push(e);
+        }
+    })
+    .unwrap();
+    assert_eq!(s.steps_done, 3);
+    let m = metrics(&s.run_dir);
+    assert_eq!(m[0]["script_errors"], 0);
+    assert!(m[0]["guided_frac"].as_f64().unwrap() > 0.0);
+    // Step 1: every plan() call failed → all rollouts unguided.
+    assert_eq!(m[1]["script_errors"], 3);
+    assert_eq!(m[1]["guided_frac"], 0.0);
+    assert_eq!(m[2]["script_errors"], 1);
+    assert!(errors[0].contains("flaky.rhai:2:"), "{}", errors[0]);
+    assert!(errors[0].contains("boom"), "{}", errors[0]);
+    assert!(errors[3].contains("flaky.rhai:6:"), "{}", errors[3]);
+}
