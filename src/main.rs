@@ -302,6 +302,16 @@ fn run(
         ),
         Event::ScriptError(e) => say(&bar, format!("script error (kept going): {e}")),
         Event::Log(l) => say(&bar, format!("script: {l}")),
+        Event::Reload { step, result } => match result {
+            Ok(h) => say(
+                &bar,
+                format!("guidance script reloaded: version {h} from step {step}"),
+            ),
+            Err(e) => say(
+                &bar,
+                format!("guidance script NOT reloaded (last good version kept): {e}"),
+            ),
+        },
         Event::Checkpoint(p) => {
             if bar.is_none() {
                 eprintln!("checkpoint {}", p.display());

@@ -18,6 +18,7 @@ use crate::experiment::metrics::{mean, round, std, success_breakdown};
 use crate::guidance::{Clusters, GuidanceHost, GuidanceSpec, TaskResult, TaskView};
 use crate::model::{ModelConfig, ModelError, Policy, Tok};
 use crate::rollout::{self, EpisodeRequest, RolloutError, RolloutOptions};
+use crate::script::watch::FileWatcher;
 use crate::script::ScriptError;
 use crate::seed;
 use crate::train::checkpoint::{self, CheckpointError, CheckpointFiles, RunState};
@@ -55,6 +56,12 @@ pub enum Event {
         result: Value,
     },
     ScriptError(String),
+    /// The guidance script was edited: `Ok(hash)` is the new active
+    /// version (from this step on), `Err(msg)` kept the last good one.
+    Reload {
+        step: usize,
+        result: Result<String, String>,
+    },
     Log(String),
     Checkpoint(PathBuf),
 }
@@ -116,6 +123,9 @@ struct Ctx {
     script_copy: String,
     evals: Vec<(usize, f64)>,
     ropts: RolloutOptions,
+    /// Watches the guidance script for hot reload (None if watching is
+    /// unavailable on this system).
+    watcher: Option<FileWatcher>,
 }
 
 /// Run (or resume) an experiment to its step budget.
@@ -261,6 +271,7 @@ fn setup(exp: Experiment, opts: &RunOptions) -> Result<(Ctx, usize), RunError> {
                 .load_state(&l.optimizer, l.state.optimizer_t)
                 .map_err(|m| io_err(&l.dir, m))?;
             host.restore(&l.state.host).map_err(|m| io_err(&l.dir, m))?;
+            host.set_source(Path::new(&exp.guidance.script));
             (
                 l.state.step,
                 l.state.evals.clone(),
@@ -284,6 +295,7 @@ fn setup(exp: Experiment, opts: &RunOptions) -> Result<(Ctx, usize), RunError> {
     if resumed.is_some() {
         truncate_after(&run_dir.join("metrics.jsonl"), start_step)?;
         truncate_after(&run_dir.join("eval.jsonl"), start_step + 1)?;
+        truncate_after(&run_dir.join("reloads.jsonl"), start_step)?;
     }
     let ropts = RolloutOptions {
         temperature: exp.rollout.temperature,
@@ -297,8 +309,10 @@ fn setup(exp: Experiment, opts: &RunOptions) -> Result<(Ctx, usize), RunError> {
         max_steps: exp.env.max_steps,
         step_slack: exp.env.step_slack,
     };
+    let watcher = FileWatcher::new(&[PathBuf::from(&exp.guidance.script)]).ok();
     Ok((
         Ctx {
+            watcher,
             exp,
             run_dir,
             train,
@@ -403,8 +417,21 @@ fn train_step(
     on_event: &mut dyn FnMut(Event),
 ) -> Result<Value, RunError> {
     let t_step = Instant::now();
+    let task_idx = tasks_for_step(
+        ctx.exp.seed,
+        ctx.train.len(),
+        ctx.exp.rollout.tasks_per_step,
+        step,
+    );
+    let changed = ctx
+        .watcher
+        .as_mut()
+        .is_some_and(|w| w.changed(std::time::Duration::from_secs(2)));
+    if changed {
+        let sample = ctx.train[task_idx[0]].clone();
+        hot_reload(ctx, step, &sample, on_event)?;
+    }
     let r = &ctx.exp.rollout;
-    let task_idx = tasks_for_step(ctx.exp.seed, ctx.train.len(), r.tasks_per_step, step);
 
     // 1. Guidance specs from the script.
     let t_script = Instant::now();
@@ -412,19 +439,7 @@ fn train_step(
     let mut requests = Vec::with_capacity(task_idx.len() * r.group_size);
     for &ti in &task_idx {
         let task = &ctx.train[ti];
-        let h = ctx.host.history(&task.id);
-        let view = TaskView {
-            id: task.id.clone(),
-            task_type: task.task_type.clone(),
-            cluster: ctx.clusters.of(task.expert.len()) as i64,
-            expert_len: task.expert.len() as i64,
-            difficulty: task.difficulty as i64,
-            visits: h.visits,
-            last_success: h.last_success,
-            step: step as i64,
-            total_steps: ctx.exp.steps as i64,
-            group_size: r.group_size as i64,
-        };
+        let view = task_view(ctx, task, step);
         let (specs, err) = ctx.host.plan(step, &view);
         if let Some(e) = err {
             script_errors += 1;
@@ -583,6 +598,52 @@ fn train_step(
         a.extend(b);
     }
     Ok(line)
+}
+
+fn task_view(ctx: &Ctx, task: &Task, step: usize) -> TaskView {
+    let h = ctx.host.history(&task.id);
+    TaskView {
+        id: task.id.clone(),
+        task_type: task.task_type.clone(),
+        cluster: ctx.clusters.of(task.expert.len()) as i64,
+        expert_len: task.expert.len() as i64,
+        difficulty: task.difficulty as i64,
+        visits: h.visits,
+        last_success: h.last_success,
+        step: step as i64,
+        total_steps: ctx.exp.steps as i64,
+        group_size: ctx.exp.rollout.group_size as i64,
+    }
+}
+
+/// Swap in an edited guidance script at a step boundary, or keep the last
+/// good version; either way the outcome goes to `reloads.jsonl`.
+fn hot_reload(
+    ctx: &mut Ctx,
+    step: usize,
+    sample: &Task,
+    on_event: &mut dyn FnMut(Event),
+) -> Result<(), RunError> {
+    let view = task_view(ctx, sample, step);
+    let file = ctx.host.source().display().to_string();
+    let (line, result) = match ctx.host.reload(&view) {
+        Ok(None) => return Ok(()),
+        Ok(Some(hash)) => {
+            let src = ctx.host.script().source.clone();
+            ctx.script_copy = save_script_copy(&ctx.run_dir, ctx.host.source(), &src, &hash)?;
+            (
+                json!({ "step": step, "file": file, "ok": true, "hash": hash, "copy": ctx.script_copy }),
+                Ok(hash),
+            )
+        }
+        Err(e) => (
+            json!({ "step": step, "file": file, "ok": false, "error": e.to_string(), "active": ctx.host.hash() }),
+            Err(e.to_string()),
+        ),
+    };
+    append_line(&ctx.run_dir.join("reloads.jsonl"), &line)?;
+    on_event(Event::Reload { step, result });
+    Ok(())
 }
 
 fn run_eval(

@@ -60,6 +60,9 @@ pub struct TaskHistory {
 
 /// Host of one guidance script.
 pub struct GuidanceHost {
+    /// The file edits are reloaded from (on resume the host starts from
+    /// the run's saved copy but still follows this file).
+    source: std::path::PathBuf,
     engine: Engine,
     handles: HostHandles,
     script: Script,
@@ -74,6 +77,7 @@ impl GuidanceHost {
         let (engine, handles) = new_engine();
         let script = Script::load(&engine, path)?;
         Ok(GuidanceHost {
+            source: path.to_path_buf(),
             engine,
             handles,
             script,
@@ -85,6 +89,39 @@ impl GuidanceHost {
 
     pub fn script(&self) -> &Script {
         &self.script
+    }
+
+    /// Follow `path` for reloads (the script may have been loaded from a
+    /// saved copy).
+    pub fn set_source(&mut self, path: &Path) {
+        self.source = path.to_path_buf();
+    }
+
+    pub fn source(&self) -> &Path {
+        &self.source
+    }
+
+    /// Recompile the script from its source file and, if it compiles and
+    /// a trial `plan` call on a sample task (with a copy of the state)
+    /// returns valid specs, make it the active version; `state` is kept.
+    /// Returns the new hash, or `None` when the content is unchanged. On
+    /// error the last good version stays in effect.
+    pub fn reload(&mut self, sample: &TaskView) -> Result<Option<String>, ScriptError> {
+        let mut new = Script::load(&self.engine, &self.source)?;
+        if new.hash == self.script.hash {
+            return Ok(None);
+        }
+        if new.has_fn("plan", 2) {
+            let copy = Dynamic::from(self.state.flatten_clone());
+            let out = new.call(&self.engine, "plan", (to_dynamic(sample), copy));
+            // The trial's draws, metrics and logs are not the run's.
+            self.handles.take_effects();
+            let r = sample.group_size.max(1) as usize;
+            out.and_then(|v| specs_from(&new.file(), v, r))?;
+        }
+        let hash = new.hash.clone();
+        self.script = new;
+        Ok(Some(hash))
     }
 
     pub fn hash(&self) -> &str {
@@ -137,30 +174,7 @@ impl GuidanceHost {
     }
 
     fn specs_from(&self, v: Dynamic, r: usize) -> Result<Vec<GuidanceSpec>, ScriptError> {
-        let bad = |what: &str| ScriptError {
-            file: self.script.file(),
-            line: 0,
-            col: 0,
-            msg: format!("plan() must return a spec or an array of {r} specs, got {what}"),
-        };
-        if v.is::<GuidanceSpec>() {
-            return Ok(vec![v.cast::<GuidanceSpec>(); r]);
-        }
-        if v.is::<Array>() {
-            let arr = v.cast::<Array>();
-            if arr.len() != r {
-                return Err(bad(&format!("an array of {}", arr.len())));
-            }
-            return arr
-                .into_iter()
-                .map(|x| {
-                    let tn = x.type_name().to_string();
-                    x.try_cast::<GuidanceSpec>()
-                        .ok_or_else(|| bad(&format!("an array holding {tn}")))
-                })
-                .collect();
-        }
-        Err(bad(v.type_name()))
+        specs_from(&self.script.file(), v, r)
     }
 
     /// Record results and call `update(batch, state)`.
@@ -238,6 +252,34 @@ impl GuidanceHost {
         self.history = snap.history.clone();
         Ok(())
     }
+}
+
+/// Check a script's `plan` result: one spec, or an array of `r` specs.
+fn specs_from(file: &str, v: Dynamic, r: usize) -> Result<Vec<GuidanceSpec>, ScriptError> {
+    let bad = |what: &str| ScriptError {
+        file: file.to_string(),
+        line: 0,
+        col: 0,
+        msg: format!("plan() must return a spec or an array of {r} specs, got {what}"),
+    };
+    if v.is::<GuidanceSpec>() {
+        return Ok(vec![v.cast::<GuidanceSpec>(); r]);
+    }
+    if v.is::<Array>() {
+        let arr = v.cast::<Array>();
+        if arr.len() != r {
+            return Err(bad(&format!("an array of {}", arr.len())));
+        }
+        return arr
+            .into_iter()
+            .map(|x| {
+                let tn = x.type_name().to_string();
+                x.try_cast::<GuidanceSpec>()
+                    .ok_or_else(|| bad(&format!("an array holding {tn}")))
+            })
+            .collect();
+    }
+    Err(bad(v.type_name()))
 }
 
 /// Checkpointed host state.

@@ -6,6 +6,8 @@
 //! directly, and every entry point is then called with `eval_ast(false)` so
 //! top-level statements are *not* re-run on each call (a Rhai trap).
 
+pub mod watch;
+
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
