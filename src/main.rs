@@ -42,6 +42,9 @@ enum Cmd {
         #[arg(long)]
         plain: bool,
     },
+    /// Compile a guidance script and call its entry points on synthetic
+    /// inputs; exits non-zero on any error.
+    Check { script: PathBuf },
     /// Task panels.
     Tasks {
         #[command(subcommand)]
@@ -121,6 +124,13 @@ fn dispatch(cli: Cli) -> Result<()> {
             plain,
         } => run(experiment, resume, stop_after, plain),
         Cmd::Tasks { cmd } => tasks(cmd),
+        Cmd::Check { script } => {
+            for line in actguide::guidance::host::check_script(&script)? {
+                println!("{line}");
+            }
+            println!("ok");
+            Ok(())
+        }
         Cmd::InitTiny { out } => {
             let (cfg, n) = actguide::tiny::write_tiny_model(&out)?;
             println!(

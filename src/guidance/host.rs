@@ -282,6 +282,76 @@ fn specs_from(file: &str, v: Dynamic, r: usize) -> Result<Vec<GuidanceSpec>, Scr
     Err(bad(v.type_name()))
 }
 
+/// `actguide check`: compile a guidance script and call each entry point it
+/// defines on synthetic tasks and batches. Returns a readable trace, or the
+/// first error with its position.
+pub fn check_script(path: &Path) -> Result<Vec<String>, ScriptError> {
+    let mut host = GuidanceHost::new(path, 0)?;
+    let mut out = vec![format!(
+        "compiled {} (version {})",
+        path.display(),
+        host.hash()
+    )];
+    for f in ["init", "plan", "update"] {
+        let arity = if f == "init" { 1 } else { 2 };
+        if !host.script.has_fn(f, arity) {
+            out.push(format!("{f}: not defined (the host's default applies)"));
+        }
+    }
+    host.init()?;
+    let types = ["pick_and_place", "pick_heat_then_place", "pick_two_obj"];
+    let mut results = Vec::new();
+    for step in 0..2 {
+        for (i, len) in [1usize, 4, 9].into_iter().enumerate() {
+            let h = host.history(&format!("task-{i}"));
+            let view = TaskView {
+                id: format!("task-{i}"),
+                task_type: types[i].into(),
+                cluster: i as i64,
+                expert_len: len as i64,
+                difficulty: len as i64,
+                visits: h.visits,
+                last_success: h.last_success,
+                step,
+                total_steps: 10,
+                group_size: 4,
+            };
+            let (specs, err) = host.plan(step as usize, &view);
+            if let Some(e) = err {
+                return Err(e);
+            }
+            let shown: Vec<String> = specs.iter().map(|s| s.to_string()).collect();
+            out.push(format!(
+                "step {step} plan(cluster {i}, expert_len {len}) -> [{}]",
+                shown.join(", ")
+            ));
+            let rate = [1.0, 0.5, 0.0][i];
+            results.push(TaskResult {
+                id: view.id.clone(),
+                task_type: view.task_type.clone(),
+                cluster: i as i64,
+                expert_len: len as i64,
+                depth: 0.0,
+                depth_ratio: 0.0,
+                plan_k: 0.0,
+                guided: false,
+                rewards: vec![rate; 4],
+                successes: vec![rate > 0.5; 4],
+                success_rate: rate,
+            });
+        }
+        if let Some(e) = host.update(step as usize, &results, &BTreeMap::new()) {
+            return Err(e);
+        }
+        results.clear();
+        out.push(format!("step {step} update -> state {}", host.state_json()));
+    }
+    for l in host.take_effects().logs {
+        out.push(format!("log: {l}"));
+    }
+    Ok(out)
+}
+
 /// Checkpointed host state.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct HostSnapshot {
@@ -396,6 +466,23 @@ mod tests {
         let (mut h, _f) = host("fn plan(task, state) { loop { } }");
         let e = h.plan(0, &view("a")).1.unwrap();
         assert!(e.msg.contains("operation limit"), "{e}");
+    }
+
+    #[test]
+    fn check_reports_positioned_errors_and_traces_good_scripts() {
+        let (_, f) =
+            host("fn plan(task, state) {\n  if task.step == 1 { 1 / 0 } else { none() }\n}");
+        let e = check_script(f.path()).unwrap_err();
+        assert_eq!(e.line, 2, "{e}");
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/guidance/gaussian.rhai");
+        let trace = check_script(&path).unwrap();
+        assert!(
+            trace
+                .iter()
+                .any(|l| l.contains("plan(cluster 2, expert_len 9) -> [prefix_ratio(")),
+            "{trace:?}"
+        );
+        assert!(trace.iter().any(|l| l.contains("mu_global")), "{trace:?}");
     }
 
     #[test]
