@@ -315,11 +315,17 @@ fn run(
         Event::Reload { step, result } => match result {
             Ok(h) => say(
                 &bar,
-                format!("guidance script reloaded: version {h} from step {step}"),
+                format!(
+                    "guidance script reloaded: version {h} in effect from step {}",
+                    step + 1
+                ),
             ),
             Err(e) => say(
                 &bar,
-                format!("guidance script NOT reloaded (last good version kept): {e}"),
+                format!(
+                    "guidance script NOT reloaded at step {} (last good version kept): {e}",
+                    step + 1
+                ),
             ),
         },
         Event::Checkpoint(p) => {
