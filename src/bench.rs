@@ -80,6 +80,7 @@ pub fn run(cfg: &BenchConfig) -> Result<BenchReport, RunError> {
         invalid_penalty: 0.0,
         max_action_tokens: 16,
         show_actions: true,
+        record_prefix: false,
         max_steps: cfg.max_steps,
         step_slack: None,
     };

@@ -24,6 +24,9 @@ pub struct RolloutOptions {
     pub invalid_penalty: f64,
     pub max_action_tokens: usize,
     pub show_actions: bool,
+    /// Record prompt and action tokens of executed prefix turns (needed
+    /// only for the auxiliary NLL on prefix actions).
+    pub record_prefix: bool,
     /// Policy actions per episode (executed prefix actions come on top).
     pub max_steps: usize,
     /// If set, an episode's policy budget is at most the expert actions
@@ -153,7 +156,8 @@ fn encode_prompt(
 }
 
 /// Run all `requests` to completion. `make_env(limit)` builds a fresh env
-/// per episode with that step limit (see [`RolloutOptions::env_limit`]). Generation is one batch over every live episode per turn.
+/// per episode with that step limit (see [`RolloutOptions::env_limit`]).
+/// Generation is one batch over every live episode per turn.
 pub fn run(
     policy: &Policy,
     tok: &Tok,
@@ -173,7 +177,7 @@ pub fn run(
     let mut stats = RolloutStats::default();
     let mut live: Vec<Live> = Vec::with_capacity(requests.len());
     for req in requests {
-        let mut env = make_env(opts.env_limit(req.task.expert.len(), req.spec.prefix));
+        let env = make_env(opts.env_limit(req.task.expert.len(), req.spec.prefix));
         let ep = Episode {
             task_id: req.task.id.clone(),
             spec: req.spec,
@@ -184,51 +188,53 @@ pub fn run(
             policy_turns: 0,
             error: None,
         };
-        let mut l = match env.reset(req.task) {
-            Ok(obs) => Live {
-                req: req.clone(),
-                env,
-                history: Vec::new(),
-                observation: obs.text,
-                admissible: obs.admissible,
-                plan: req.task.expert[..req.spec.plan.min(req.task.expert.len())].to_vec(),
-                ep,
-                done: obs.done,
-            },
+        let mut l = Live {
+            req: req.clone(),
+            env,
+            history: Vec::new(),
+            observation: String::new(),
+            admissible: Vec::new(),
+            plan: req.task.expert[..req.spec.plan.min(req.task.expert.len())].to_vec(),
+            ep,
+            done: false,
+        };
+        match l.env.reset(req.task) {
+            Ok(obs) => {
+                l.observation = obs.text;
+                l.admissible = obs.admissible;
+                l.done = obs.done;
+            }
             Err(e) => {
-                let mut l = Live {
-                    req: req.clone(),
-                    env,
-                    history: Vec::new(),
-                    observation: String::new(),
-                    admissible: Vec::new(),
-                    plan: Vec::new(),
-                    ep,
-                    done: true,
-                };
                 l.fail(e);
                 live.push(l);
                 continue;
             }
-        };
+        }
         // Executed expert prefix: the env runs the actions, they enter the
         // history, and each is recorded (for the auxiliary NLL only).
         for a in req.task.expert.iter().take(req.spec.prefix) {
-            let text = l.render(!l.plan.is_empty(), opts.history, opts.show_actions);
-            let prompt_ids = encode_prompt(tok, bos, &text, max_prompt)?;
-            let mut action_ids = tok.encode(a)?;
-            action_ids.push(eos);
+            // Token records of prefix turns serve only the auxiliary NLL.
+            let record = if opts.record_prefix {
+                let text = l.render(!l.plan.is_empty(), opts.history, opts.show_actions);
+                let mut action_ids = tok.encode(a)?;
+                action_ids.push(eos);
+                Some((encode_prompt(tok, bos, &text, max_prompt)?, action_ids))
+            } else {
+                None
+            };
             match l.env.step(a) {
                 Ok(obs) => {
-                    l.ep.turns.push(Turn {
-                        prompt_ids,
-                        unguided_prompt_ids: None,
-                        action_ids,
-                        logprobs: Vec::new(),
-                        prefix: true,
-                        valid: obs.valid,
-                        action: a.clone(),
-                    });
+                    if let Some((prompt_ids, action_ids)) = record {
+                        l.ep.turns.push(Turn {
+                            prompt_ids,
+                            unguided_prompt_ids: None,
+                            action_ids,
+                            logprobs: Vec::new(),
+                            prefix: true,
+                            valid: obs.valid,
+                            action: a.clone(),
+                        });
+                    }
                     let before = std::mem::replace(&mut l.observation, obs.text);
                     l.history.push(Step {
                         observation: before,
@@ -361,6 +367,7 @@ mod tests {
             invalid_penalty: 0.0,
             max_action_tokens: 8,
             show_actions: true,
+            record_prefix: false,
             max_steps,
             step_slack,
         }
