@@ -99,14 +99,14 @@ pub fn run(cfg: &BenchConfig) -> Result<BenchReport, RunError> {
             .collect();
         episodes_per_step = reqs.len();
         let mut rng = seed::rng(cfg.seed, &[2, step as u64]);
-        let (eps, st) = rollout::run(&policy, &tok, &make, &reqs, &opts, &mut rng)?;
+        let (eps, st) = rollout::run(&policy, &tok, &make, &reqs, &opts, &mut rng, None)?;
         rt += st.seconds;
         rtok += st.prompt_tokens + st.generated_tokens;
         gtok += st.generated_tokens;
         // Non-zero advantages so the update does real work.
         let rewards: Vec<f64> = (0..eps.len()).map(|i| (i % 2) as f64).collect();
         let adv = group_advantages(&rewards, AdvantageKind::Grpo);
-        let samples = build_samples(&eps, &adv, false);
+        let samples = build_samples(&eps, &adv, &crate::train::SampleOptions::default());
         let ts = trainer.step(
             &policy,
             &samples,

@@ -42,9 +42,50 @@ enum Cmd {
         #[arg(long)]
         plain: bool,
     },
-    /// Compile a guidance script and call its entry points on synthetic
-    /// inputs; exits non-zero on any error.
+    /// Compile a script (guidance, reward or intervention) and call its
+    /// entry points on synthetic inputs; exits non-zero on any error.
     Check { script: PathBuf },
+    /// Play a guidance script against a synthetic learner (no model) and
+    /// print its per-step schedule and cost.
+    Simulate {
+        script: PathBuf,
+        #[arg(long, default_value = "envs/household/train.jsonl")]
+        panel: PathBuf,
+        #[arg(long, default_value_t = 30)]
+        steps: usize,
+        #[arg(long, default_value_t = 8)]
+        tasks: usize,
+        #[arg(long, default_value_t = 8)]
+        group: usize,
+        #[arg(long, default_value_t = 3)]
+        clusters: usize,
+        /// Bound on review rounds per task and step.
+        #[arg(long, default_value_t = 8)]
+        max_rounds: usize,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Learner: initial skill (logit).
+        #[arg(long, default_value_t = 0.5, allow_negative_numbers = true)]
+        skill: f64,
+        /// Learner: logit gain per unit of executed depth ratio.
+        #[arg(long, default_value_t = 1.0)]
+        depth_gain: f64,
+        /// Learner: fraction of a remaining action a plan action removes.
+        #[arg(long, default_value_t = 0.8)]
+        plan_gain: f64,
+        /// Learner: logit cost per remaining expert action.
+        #[arg(long, default_value_t = 0.7)]
+        length_penalty: f64,
+        /// Learner: skill gained per step at full GRPO signal.
+        #[arg(long, default_value_t = 0.25)]
+        learn_rate: f64,
+        /// Learner: skill gained per step regardless of signal.
+        #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+        drift: f64,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Task panels.
     Tasks {
         #[command(subcommand)]
@@ -129,6 +170,46 @@ fn dispatch(cli: Cli) -> Result<()> {
                 println!("{line}");
             }
             println!("ok");
+            Ok(())
+        }
+        Cmd::Simulate {
+            script,
+            panel,
+            steps,
+            tasks,
+            group,
+            clusters,
+            max_rounds,
+            seed,
+            skill,
+            depth_gain,
+            plan_gain,
+            length_penalty,
+            learn_rate,
+            drift,
+            json,
+        } => {
+            use actguide::guidance::simulate::{simulate_file, table, SimParams};
+            let p = SimParams {
+                steps,
+                tasks_per_step: tasks,
+                group_size: group,
+                clusters,
+                max_rounds,
+                seed,
+                skill,
+                depth_gain,
+                plan_gain,
+                length_penalty,
+                learn_rate,
+                drift,
+            };
+            let report = simulate_file(&script, &panel, &p)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print!("{}", table(&report));
+            }
             Ok(())
         }
         Cmd::InitTiny { out } => {

@@ -3,6 +3,7 @@
 //! the one run seed and a stream label, so a resumed run needs only the seed
 //! and the step to continue exactly.
 
+use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
@@ -33,6 +34,23 @@ pub fn derive(seed: u64, parts: &[u64]) -> u64 {
 /// A ChaCha RNG for a derived stream.
 pub fn rng(seed: u64, parts: &[u64]) -> ChaCha8Rng {
     ChaCha8Rng::seed_from_u64(derive(seed, parts))
+}
+
+/// Task indices for a step: epochs over a seeded permutation of the panel.
+pub fn tasks_for_step(seed_: u64, n: usize, per_step: usize, step: usize) -> Vec<usize> {
+    let mut out = Vec::with_capacity(per_step);
+    let mut cached: Option<(usize, Vec<usize>)> = None;
+    for j in 0..per_step {
+        let g = step * per_step + j;
+        let (epoch, pos) = (g / n, g % n);
+        if cached.as_ref().is_none_or(|c| c.0 != epoch) {
+            let mut perm: Vec<usize> = (0..n).collect();
+            perm.shuffle(&mut rng(seed_, &[label("order"), epoch as u64]));
+            cached = Some((epoch, perm));
+        }
+        out.push(cached.as_ref().expect("set above").1[pos]);
+    }
+    out
 }
 
 #[cfg(test)]

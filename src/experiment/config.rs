@@ -88,6 +88,19 @@ pub struct GuidanceSection {
     /// Number of difficulty clusters (quantiles of expert length).
     #[serde(default = "d_clusters")]
     pub clusters: usize,
+    /// Most review rounds per task and step after the planned one.
+    #[serde(default = "d_max_rounds")]
+    pub max_rounds: usize,
+    /// Reward-shaping script (`reward(episode, state)`), if any.
+    #[serde(default)]
+    pub reward: Option<String>,
+    /// Intervention script (`intervene(turn, state)`), if any.
+    #[serde(default)]
+    pub intervene: Option<String>,
+}
+
+fn d_max_rounds() -> usize {
+    8
 }
 
 fn d_clusters() -> usize {
@@ -159,6 +172,18 @@ pub struct TrainerSection {
     pub kl_coef: f64,
     /// Auxiliary NLL weight η on executed expert prefix actions.
     pub aux_nll_coef: f64,
+    /// How turns under a plan or hint are trained: "internalize"
+    /// (ActGuide-RL), "on_policy" or "dual"; `plan(k, loss)` overrides.
+    pub plan_loss: String,
+    /// Weight of the unguided off-policy term in the `dual` mode.
+    pub dual_weight: f64,
+    /// γ of LUFFY's shaped off-policy ratio x / (x + γ) for expert() data.
+    pub luffy_gamma: f64,
+    /// Train executed prefix actions as forced tokens in the policy loss
+    /// (StepHint), besides the aux NLL.
+    pub train_prefix: bool,
+    /// Forced tokens get no negative advantage (StepHint's protection).
+    pub protect_forced: bool,
     pub entropy_coef: f64,
     /// Passes over each batch and minibatches per pass.
     pub ppo_epochs: usize,
@@ -186,6 +211,11 @@ impl Default for TrainerSection {
             aggregation: "token_mean".into(),
             kl_coef: 0.0,
             aux_nll_coef: 0.0,
+            plan_loss: "internalize".into(),
+            dual_weight: 0.1,
+            luffy_gamma: 0.1,
+            train_prefix: false,
+            protect_forced: true,
             entropy_coef: 0.0,
             ppo_epochs: 1,
             minibatches: 1,
@@ -352,6 +382,16 @@ impl Experiment {
                 "trainer.schedule must be \"cosine\" or \"constant\", got \"{}\"",
                 t.schedule
             )));
+        }
+        if !["internalize", "on_policy", "dual"].contains(&t.plan_loss.as_str()) {
+            return Err(bad(format!(
+                "trainer.plan_loss must be \"internalize\", \"on_policy\" or \"dual\", got \"{}\"",
+                t.plan_loss
+            )));
+        }
+        let gamma_ok = t.luffy_gamma > 0.0;
+        if !gamma_ok {
+            return Err(bad("trainer.luffy_gamma must be > 0".into()));
         }
         if t.ppo_epochs == 0 || t.minibatches == 0 || t.micro_batch == 0 {
             return Err(bad(

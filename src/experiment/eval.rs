@@ -40,7 +40,7 @@ pub fn evaluate(
             })
         })
         .collect();
-    let (eps, stats) = rollout::run(policy, tok, make_env, &reqs, opts, rng)?;
+    let (eps, stats) = rollout::run(policy, tok, make_env, &reqs, opts, rng, None)?;
     let pairs: Vec<(&Task, &rollout::Episode)> =
         reqs.iter().map(|r| r.task).zip(eps.iter()).collect();
     Ok((success_breakdown(&pairs, set.clusters), stats))

@@ -8,22 +8,23 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use candle_core::Device;
-use rand::seq::SliceRandom;
 use serde_json::{json, Value};
 
 use crate::env::{make_env, panel, Env, Task};
 use crate::experiment::config::{ConfigError, Experiment};
 use crate::experiment::eval::{evaluate, EvalSet};
 use crate::experiment::metrics::{mean, round, std, success_breakdown};
-use crate::guidance::{Clusters, GuidanceHost, GuidanceSpec, TaskResult, TaskView};
+use crate::guidance::host::{EpisodeView, ReloadOutcome, Role, TurnView};
+use crate::guidance::rounds::{drive, DriveReport, Outcome, Request};
+use crate::guidance::{Clusters, GuidanceHost, PlanLoss, ResolvedSpec, TaskResult, TaskView};
 use crate::model::{ModelConfig, ModelError, Policy, Tok};
-use crate::rollout::{self, EpisodeRequest, RolloutError, RolloutOptions};
+use crate::rollout::{self, EpisodeRequest, RolloutError, RolloutOptions, RolloutStats};
 use crate::script::watch::FileWatcher;
 use crate::script::ScriptError;
 use crate::seed;
 use crate::train::checkpoint::{self, CheckpointError, CheckpointFiles, RunState};
 use crate::train::{
-    build_samples, group_advantages, is_zero_std, AdvantageKind, TrainError, Trainer,
+    build_samples, group_advantages, is_zero_std, AdvantageKind, SampleOptions, TrainError, Trainer,
 };
 
 /// How to run.
@@ -121,6 +122,8 @@ struct Ctx {
     trainer: Trainer,
     host: GuidanceHost,
     script_copy: String,
+    /// Saved copies of the reward and intervention scripts, by role.
+    copies: BTreeMap<String, String>,
     evals: Vec<(usize, f64)>,
     ropts: RolloutOptions,
     /// Watches the guidance script for hot reload (None if watching is
@@ -264,6 +267,24 @@ fn setup(exp: Experiment, opts: &RunOptions) -> Result<(Ctx, usize), RunError> {
         None => PathBuf::from(&exp.guidance.script),
     };
     let mut host = GuidanceHost::new(&script_path, exp.seed)?;
+    let hooks = [
+        (Role::Reward, exp.guidance.reward.clone()),
+        (Role::Intervene, exp.guidance.intervene.clone()),
+    ];
+    for (role, path) in &hooks {
+        let Some(path) = path else { continue };
+        let from = resumed
+            .as_ref()
+            .and_then(|l| l.state.copies.get(role.name()))
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(path));
+        match role {
+            Role::Reward => host.set_reward_script(&from)?,
+            _ => host.set_intervene_script(&from)?,
+        }
+        host.set_source(*role, Path::new(path));
+    }
+    let mut copies = BTreeMap::new();
     let (start_step, evals, script_copy) = match &resumed {
         Some(l) => {
             trainer
@@ -271,7 +292,8 @@ fn setup(exp: Experiment, opts: &RunOptions) -> Result<(Ctx, usize), RunError> {
                 .load_state(&l.optimizer, l.state.optimizer_t)
                 .map_err(|m| io_err(&l.dir, m))?;
             host.restore(&l.state.host).map_err(|m| io_err(&l.dir, m))?;
-            host.set_source(Path::new(&exp.guidance.script));
+            host.set_source(Role::Guidance, Path::new(&exp.guidance.script));
+            copies = l.state.copies.clone();
             (
                 l.state.step,
                 l.state.evals.clone(),
@@ -280,12 +302,11 @@ fn setup(exp: Experiment, opts: &RunOptions) -> Result<(Ctx, usize), RunError> {
         }
         None => {
             host.init()?;
-            let copy = save_script_copy(
-                &run_dir,
-                host.script().path.as_path(),
-                &host.script().source,
-                host.hash(),
-            )?;
+            let copy = save_script_copy(&run_dir, Role::Guidance, Some(host.script()))?;
+            for (role, _) in hooks.iter().filter(|h| h.1.is_some()) {
+                let c = save_script_copy(&run_dir, *role, host.script_of(*role))?;
+                copies.insert(role.name().to_string(), c);
+            }
             // Resolved config, so a run directory says exactly what ran.
             let cfg_out = serde_json::to_string_pretty(&exp).map_err(|e| io_err(&run_dir, e))?;
             checkpoint::write_atomic(&run_dir.join("experiment.json"), cfg_out.as_bytes())?;
@@ -310,7 +331,7 @@ fn setup(exp: Experiment, opts: &RunOptions) -> Result<(Ctx, usize), RunError> {
         max_steps: exp.env.max_steps,
         step_slack: exp.env.step_slack,
     };
-    let watcher = FileWatcher::new(&[PathBuf::from(&exp.guidance.script)]).ok();
+    let watcher = FileWatcher::new(&host.watched_files()).ok();
     Ok((
         Ctx {
             watcher,
@@ -326,6 +347,7 @@ fn setup(exp: Experiment, opts: &RunOptions) -> Result<(Ctx, usize), RunError> {
             trainer,
             host,
             script_copy,
+            copies,
             evals,
             ropts,
         },
@@ -347,22 +369,38 @@ fn fresh_run_dir(base: &Path) -> PathBuf {
         .expect("an unused name exists")
 }
 
-/// Keep a copy of every script version used: `scripts/<stem>-<hash>.rhai`.
+/// Keep a copy of every script version used, with its imports in the same
+/// relative layout (so a resumed run can load it):
+/// `scripts/<role>-<hash>/<file>` plus imported files beside it.
 fn save_script_copy(
     run_dir: &Path,
-    path: &Path,
-    source: &str,
-    hash: &str,
+    role: Role,
+    script: Option<&crate::script::Script>,
 ) -> Result<String, RunError> {
-    let stem = path
-        .file_stem()
-        .and_then(|s| s.to_str())
-        .unwrap_or("script");
-    let p = run_dir.join("scripts").join(format!("{stem}-{hash}.rhai"));
-    if !p.exists() {
-        checkpoint::write_atomic(&p, source.as_bytes())?;
+    let Some(script) = script else {
+        return Ok(String::new());
+    };
+    let dir = run_dir
+        .join("scripts")
+        .join(format!("{}-{}", role.name(), script.hash));
+    let name = script
+        .path
+        .file_name()
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("script.rhai"));
+    let main = dir.join(&name);
+    if !main.exists() {
+        checkpoint::write_atomic(&main, script.source.as_bytes())?;
+        let root = script.path.parent().unwrap_or(Path::new("."));
+        for (p, src) in &script.imports {
+            let rel = p
+                .strip_prefix(root)
+                .map(Path::to_path_buf)
+                .unwrap_or_else(|_| PathBuf::from(p.file_name().unwrap_or_default()));
+            checkpoint::write_atomic(&dir.join(rel), src.as_bytes())?;
+        }
     }
-    Ok(p.display().to_string())
+    Ok(main.display().to_string())
 }
 
 /// Drop lines whose `step` is ≥ `step` (they follow the checkpoint we
@@ -394,23 +432,6 @@ fn append_line(path: &Path, v: &Value) -> Result<(), RunError> {
     writeln!(f, "{v}").map_err(|e| io_err(path, e))
 }
 
-/// Task indices for a step: epochs over a seeded permutation of the panel.
-fn tasks_for_step(seed_: u64, n: usize, per_step: usize, step: usize) -> Vec<usize> {
-    let mut out = Vec::with_capacity(per_step);
-    let mut cached: Option<(usize, Vec<usize>)> = None;
-    for j in 0..per_step {
-        let g = step * per_step + j;
-        let (epoch, pos) = (g / n, g % n);
-        if cached.as_ref().is_none_or(|c| c.0 != epoch) {
-            let mut perm: Vec<usize> = (0..n).collect();
-            perm.shuffle(&mut seed::rng(seed_, &[seed::label("order"), epoch as u64]));
-            cached = Some((epoch, perm));
-        }
-        out.push(cached.as_ref().expect("set above").1[pos]);
-    }
-    out
-}
-
 fn train_step(
     ctx: &mut Ctx,
     step: usize,
@@ -418,7 +439,7 @@ fn train_step(
     on_event: &mut dyn FnMut(Event),
 ) -> Result<Value, RunError> {
     let t_step = Instant::now();
-    let task_idx = tasks_for_step(
+    let task_idx = seed::tasks_for_step(
         ctx.exp.seed,
         ctx.train.len(),
         ctx.exp.rollout.tasks_per_step,
@@ -432,66 +453,178 @@ fn train_step(
         let sample = ctx.train[task_idx[0]].clone();
         hot_reload(ctx, step, &sample, on_event)?;
     }
-    let r = &ctx.exp.rollout;
+    let views: Vec<TaskView> = task_idx
+        .iter()
+        .map(|&ti| task_view(ctx, &ctx.train[ti], step))
+        .collect();
 
-    // 1. Guidance specs from the script.
-    let t_script = Instant::now();
-    let mut script_errors = 0usize;
-    let mut requests = Vec::with_capacity(task_idx.len() * r.group_size);
-    for &ti in &task_idx {
-        let task = &ctx.train[ti];
-        let view = task_view(ctx, task, step);
-        let (specs, err) = ctx.host.plan(step, &view);
-        if let Some(e) = err {
-            script_errors += 1;
+    // 1–2. Plan, rollouts and review rounds; every round of every task is
+    // one batched rollout call.
+    let t_drive = Instant::now();
+    let mut rstats = RolloutStats::default();
+    let mut exec_s = 0.0f64;
+    let mut hook_s = 0.0f64;
+    let mut hook_errors: Vec<ScriptError> = Vec::new();
+    let mut rollout_error: Option<RolloutError> = None;
+    let groups = {
+        let Ctx {
+            host,
+            train,
+            policy,
+            tok,
+            ropts,
+            exp,
+            ..
+        } = ctx;
+        let seed_ = exp.seed;
+        let mut calls = 0u64;
+        let mut exec = |host: &mut GuidanceHost,
+                        reqs: &[Request]|
+         -> Result<Vec<rollout::Episode>, RolloutError> {
+            let t0 = Instant::now();
+            let requests: Vec<EpisodeRequest> = reqs
+                .iter()
+                .map(|r| {
+                    let task = &train[task_idx[r.task]];
+                    EpisodeRequest {
+                        task,
+                        spec: r.spec.resolve(task.expert.len()),
+                    }
+                })
+                .collect();
+            let mut rng = seed::rng(seed_, &[seed::label("rollout"), step as u64, calls]);
+            calls += 1;
+            let mut hs = 0.0f64;
+            let has_int = host.has_intervene();
+            let mut int_errors = Vec::new();
+            let mut intervene = |t: &TurnView| {
+                let t0 = Instant::now();
+                let (x, e) = host.intervene(step, t);
+                int_errors.extend(e);
+                hs += t0.elapsed().as_secs_f64();
+                x
+            };
+            let (mut eps, st) = rollout::run(
+                policy,
+                tok,
+                make,
+                &requests,
+                ropts,
+                &mut rng,
+                if has_int { Some(&mut intervene) } else { None },
+            )?;
+            hook_errors.extend(int_errors);
+            // Reward shaping by the reward script (the env reward stands
+            // on error).
+            if host.has_reward() {
+                let t0 = Instant::now();
+                for (i, (e, q)) in eps.iter_mut().zip(&requests).enumerate() {
+                    let view = episode_view(e, q.task);
+                    let (r, err) = host.reward(step, i, &view);
+                    hook_errors.extend(err);
+                    if let Some(r) = r {
+                        e.reward = r;
+                    }
+                }
+                hs += t0.elapsed().as_secs_f64();
+            }
+            rstats.prompt_tokens += st.prompt_tokens;
+            rstats.generated_tokens += st.generated_tokens;
+            rstats.generate_calls += st.generate_calls;
+            rstats.seconds += st.seconds;
+            hook_s += hs;
+            exec_s += t0.elapsed().as_secs_f64() - hs;
+            Ok(eps)
+        };
+        let mut report = DriveReport::default();
+        let mut exec_dyn = |h: &mut GuidanceHost, q: &[Request]| match exec(h, q) {
+            Ok(v) => Ok(v),
+            Err(e) => {
+                rollout_error = Some(e);
+                Err(())
+            }
+        };
+        let groups = drive(
+            host,
+            step,
+            &views,
+            exp.guidance.max_rounds,
+            &mut exec_dyn,
+            &mut report,
+        );
+        for e in report.errors {
             on_event(Event::ScriptError(e.to_string()));
         }
-        if specs.contains(&GuidanceSpec::Expert) {
+        if report.bound_hits > 0 {
             on_event(Event::Log(format!(
-                "{}: expert() needs LUFFY's off-policy loss, which this build does not have yet; those rollouts run unguided",
-                task.id
+                "step {}: {} review requests hit the bound of {} rounds",
+                step + 1,
+                report.bound_hits,
+                exp.guidance.max_rounds
             )));
         }
-        for s in specs {
-            let mut resolved = s.resolve(task.expert.len());
-            resolved.expert = false;
-            requests.push(EpisodeRequest {
-                task,
-                spec: resolved,
-            });
+        match groups {
+            Ok(g) => g,
+            Err(()) => {
+                return Err(rollout_error
+                    .map(RunError::from)
+                    .unwrap_or_else(|| io_err(&ctx.run_dir, "rollout failed")))
+            }
+        }
+    };
+    let mut script_errors = hook_errors.len();
+    for e in hook_errors {
+        on_event(Event::ScriptError(e.to_string()));
+    }
+    let mut script_s = (t_drive.elapsed().as_secs_f64() - exec_s).max(0.0);
+    let _ = hook_s;
+
+    // The training batch: each task's training group.
+    let mut tasks: Vec<&Task> = Vec::new();
+    let mut episodes: Vec<rollout::Episode> = Vec::new();
+    let mut group_sizes = Vec::new();
+    for (&ti, g) in task_idx.iter().zip(&groups) {
+        group_sizes.push(g.group.len());
+        for r in g.training() {
+            tasks.push(&ctx.train[ti]);
+            episodes.push(r.ep.clone());
         }
     }
-    let mut script_s = t_script.elapsed().as_secs_f64();
-
-    // 2. Rollouts, batched over every episode of the step.
-    let mut rng = seed::rng(ctx.exp.seed, &[seed::label("rollout"), step as u64]);
-    let (episodes, rstats) =
-        rollout::run(&ctx.policy, &ctx.tok, make, &requests, &ctx.ropts, &mut rng)?;
 
     // 3. Advantages per task group.
     let kind = AdvantageKind::parse(&ctx.exp.trainer.advantage).unwrap_or(AdvantageKind::Grpo);
-    let g = r.group_size;
     let mut advantages = Vec::with_capacity(episodes.len());
     let mut zero_std = 0usize;
-    for grp in episodes.chunks(g) {
-        let rewards: Vec<f64> = grp.iter().map(|e| e.reward).collect();
+    let mut at = 0usize;
+    for &n in &group_sizes {
+        let rewards: Vec<f64> = episodes[at..at + n].iter().map(|e| e.reward).collect();
         if is_zero_std(&rewards) {
             zero_std += 1;
         }
         advantages.extend(group_advantages(&rewards, kind));
+        at += n;
     }
 
     // 4. Train.
-    let samples = build_samples(&episodes, &advantages, ctx.exp.trainer.aux_nll_coef > 0.0);
+    let t = &ctx.exp.trainer;
+    let sopts = SampleOptions {
+        with_aux: t.aux_nll_coef > 0.0,
+        plan_loss: PlanLoss::parse(&t.plan_loss).unwrap_or(PlanLoss::Internalize),
+        dual_weight: t.dual_weight as f32,
+        train_prefix: t.train_prefix,
+        protect_forced: t.protect_forced,
+    };
+    let samples = build_samples(&episodes, &advantages, &sopts);
     let mut trng = seed::rng(ctx.exp.seed, &[seed::label("train"), step as u64]);
     let tstats = ctx.trainer.step(&ctx.policy, &samples, step, &mut trng)?;
 
     // 5. Script update with per-task results.
     let results: Vec<TaskResult> = task_idx
         .iter()
-        .zip(episodes.chunks(g))
-        .map(|(&ti, grp)| {
+        .zip(&groups)
+        .map(|(&ti, g)| {
             let task = &ctx.train[ti];
+            let grp: Vec<&rollout::Episode> = g.training().map(|r| &r.ep).collect();
             let depths: Vec<f64> = grp.iter().map(|e| e.spec.prefix as f64).collect();
             let len = task.expert.len().max(1) as f64;
             TaskResult {
@@ -510,11 +643,14 @@ fn train_step(
                         .map(|e| f64::from(u8::from(e.success)))
                         .collect::<Vec<_>>(),
                 ),
+                rollouts: g.spent() as i64,
+                rounds: g.rounds as i64,
             }
         })
         .collect();
     let t_upd = Instant::now();
     let script_hash = ctx.host.hash().to_string();
+    let script_hashes = ctx.host.hashes();
     let mut extra = BTreeMap::new();
     extra.insert("pg_loss".to_string(), tstats.pg_loss);
     extra.insert("entropy".to_string(), tstats.entropy);
@@ -523,29 +659,34 @@ fn train_step(
         on_event(Event::ScriptError(e.to_string()));
     }
     script_s += t_upd.elapsed().as_secs_f64();
+    // Versions that failed on probation were swapped back (logged below).
+    let reverts = ctx.host.take_reverts();
+    ctx.host.end_step();
     let effects = ctx.host.take_effects();
     for l in &effects.logs {
         on_event(Event::Log(l.clone()));
     }
 
     // 6. The metrics line.
-    let pairs: Vec<(&Task, &rollout::Episode)> = requests
-        .iter()
-        .map(|q| q.task)
-        .zip(episodes.iter())
-        .collect();
+    let pairs: Vec<(&Task, &rollout::Episode)> =
+        tasks.iter().copied().zip(episodes.iter()).collect();
     let mut line = success_breakdown(&pairs, &ctx.clusters);
     let rewards: Vec<f64> = episodes.iter().map(|e| e.reward).collect();
     let policy_turns: usize = episodes.iter().map(|e| e.policy_turns).sum();
     let invalid: usize = episodes.iter().map(|e| e.invalid).sum();
     let mut depth_by_cluster: BTreeMap<String, Vec<f64>> = BTreeMap::new();
-    for (q, e) in requests.iter().zip(&episodes) {
-        let len = q.task.expert.len().max(1) as f64;
+    for (q, e) in tasks.iter().zip(&episodes) {
+        let len = q.expert.len().max(1) as f64;
         depth_by_cluster
-            .entry(ctx.clusters.of(q.task.expert.len()).to_string())
+            .entry(ctx.clusters.of(q.expert.len()).to_string())
             .or_default()
             .push(e.spec.prefix as f64 / len);
     }
+    let first_round: Vec<f64> = groups
+        .iter()
+        .flat_map(|g| g.all.iter().filter(|r| r.round == 0))
+        .map(|r| f64::from(u8::from(r.ep.success)))
+        .collect();
     let script_metrics: serde_json::Map<String, Value> = effects
         .metrics
         .iter()
@@ -558,17 +699,29 @@ fn train_step(
         .map(|(k, v)| (k, json!(round(v))))
         .collect();
     let step_s = t_step.elapsed().as_secs_f64();
+    let spent: usize = groups.iter().map(|g| g.spent()).sum();
+    let rounds_block = json!({
+        "probe_rollouts": groups.iter().map(|g| g.probes()).sum::<usize>(),
+        "trained_rollouts": episodes.len(),
+        "rounds_mean": round(mean(&groups.iter().map(|g| g.rounds as f64).collect::<Vec<_>>())),
+        "hints": episodes.iter().map(|e| e.hints).sum::<usize>(),
+        "stopped": episodes.iter().filter(|e| e.stopped).count(),
+    });
     let extra = json!({
         "step": step,
         "script_hash": script_hash,
+        "script_hashes": script_hashes,
         "reward_mean": round(mean(&rewards)),
         "reward_std": round(std(&rewards)),
         "frac_zero_std": round(zero_std as f64 / task_idx.len().max(1) as f64),
+        "success_round0": round(mean(&first_round)),
         "guided_frac": round(mean(&episodes.iter().map(|e| f64::from(u8::from(e.spec.is_guided()))).collect::<Vec<_>>())),
         "depth_mean": round(mean(&episodes.iter().map(|e| e.spec.prefix as f64).collect::<Vec<_>>())),
         "depth_ratio_by_cluster": depth_by_cluster.into_iter().map(|(k, v)| (k, json!(round(mean(&v))))).collect::<serde_json::Map<_, _>>(),
         "plan_k_mean": round(mean(&episodes.iter().map(|e| e.spec.plan as f64).collect::<Vec<_>>())),
-        "rollouts": episodes.len(),
+        "expert_frac": round(mean(&episodes.iter().map(|e| f64::from(u8::from(e.spec.expert))).collect::<Vec<_>>())),
+        "rollouts": spent,
+        "rounds": rounds_block,
         "valid_action_ratio": round(1.0 - invalid as f64 / policy_turns.max(1) as f64),
         "episode_len": round(policy_turns as f64 / episodes.len().max(1) as f64),
         "env_errors": episodes.iter().filter(|e| e.error.is_some()).count(),
@@ -598,7 +751,40 @@ fn train_step(
     if let (Value::Object(a), Value::Object(b)) = (&mut line, extra) {
         a.extend(b);
     }
+    for r in reverts {
+        log_reload(ctx, step, &r, on_event)?;
+    }
     Ok(line)
+}
+
+/// What a reward script sees of an episode.
+fn episode_view(e: &rollout::Episode, task: &Task) -> EpisodeView {
+    EpisodeView {
+        task_id: e.task_id.clone(),
+        success: e.success,
+        env_reward: e.reward,
+        invalid: e.invalid as i64,
+        policy_turns: e.policy_turns as i64,
+        expert_len: task.expert.len() as i64,
+        prefix: e.spec.prefix as i64,
+        plan_k: e.spec.plan as i64,
+        expert: e.spec.expert,
+        expert_match: e.expert_match as i64,
+        actions: e.actions.clone(),
+        error: e.error.is_some(),
+    }
+}
+
+impl Outcome for rollout::Episode {
+    fn success(&self) -> bool {
+        self.success
+    }
+    fn reward(&self) -> f64 {
+        self.reward
+    }
+    fn resolved(&self) -> ResolvedSpec {
+        self.spec
+    }
 }
 
 fn task_view(ctx: &Ctx, task: &Task, step: usize) -> TaskView {
@@ -617,8 +803,8 @@ fn task_view(ctx: &Ctx, task: &Task, step: usize) -> TaskView {
     }
 }
 
-/// Swap in an edited guidance script at a step boundary, or keep the last
-/// good version; either way the outcome goes to `reloads.jsonl`.
+/// Swap in edited scripts at a step boundary, or keep the last good
+/// versions; either way each outcome goes to `reloads.jsonl`.
 fn hot_reload(
     ctx: &mut Ctx,
     step: usize,
@@ -626,22 +812,55 @@ fn hot_reload(
     on_event: &mut dyn FnMut(Event),
 ) -> Result<(), RunError> {
     let view = task_view(ctx, sample, step);
-    let file = ctx.host.source().display().to_string();
-    let (line, result) = match ctx.host.reload(&view) {
-        Ok(None) => return Ok(()),
-        Ok(Some(hash)) => {
-            let src = ctx.host.script().source.clone();
-            ctx.script_copy = save_script_copy(&ctx.run_dir, ctx.host.source(), &src, &hash)?;
+    let outcomes = ctx.host.reload(&view);
+    for o in &outcomes {
+        log_reload(ctx, step, o, on_event)?;
+    }
+    if outcomes.iter().any(|o| o.result.is_ok()) {
+        // The set of imported files may have changed.
+        ctx.watcher = FileWatcher::new(&ctx.host.watched_files()).ok();
+    }
+    Ok(())
+}
+
+/// One line of `reloads.jsonl` (and a copy of each new version).
+fn log_reload(
+    ctx: &mut Ctx,
+    step: usize,
+    o: &ReloadOutcome,
+    on_event: &mut dyn FnMut(Event),
+) -> Result<(), RunError> {
+    let role = o.role.name();
+    let active = ctx
+        .host
+        .script_of(o.role)
+        .map(|s| s.hash.clone())
+        .unwrap_or_default();
+    let (line, result) = match (&o.result, &o.reverted) {
+        (Ok(hash), None) => {
+            let copy = save_script_copy(&ctx.run_dir, o.role, ctx.host.script_of(o.role))?;
+            ctx.copies.insert(role.to_string(), copy.clone());
             (
-                json!({ "step": step, "file": file, "ok": true, "hash": hash, "copy": ctx.script_copy }),
-                Ok(hash),
+                json!({ "step": step, "role": role, "file": o.file, "ok": true, "hash": hash, "copy": copy }),
+                Ok(format!("{role} script {hash}")),
             )
         }
-        Err(e) => (
-            json!({ "step": step, "file": file, "ok": false, "error": e.to_string(), "active": ctx.host.hash() }),
+        (_, Some(e)) => (
+            json!({ "step": step, "role": role, "file": o.file, "ok": false, "reverted": true, "error": e.to_string(), "active": active }),
+            Err(format!(
+                "{e} (runtime error on probation: back to version {active})"
+            )),
+        ),
+        (Err(e), None) => (
+            json!({ "step": step, "role": role, "file": o.file, "ok": false, "error": e.to_string(), "active": active }),
             Err(e.to_string()),
         ),
     };
+    if let Some(c) = ctx.copies.get(role) {
+        if o.role == Role::Guidance {
+            ctx.script_copy = c.clone();
+        }
+    }
     append_line(&ctx.run_dir.join("reloads.jsonl"), &line)?;
     on_event(Event::Reload { step, result });
     Ok(())
@@ -701,6 +920,7 @@ fn save_checkpoint(ctx: &Ctx, step: usize) -> Result<PathBuf, RunError> {
         host: ctx.host.snapshot(),
         script_hash: ctx.host.hash().to_string(),
         script_copy: ctx.script_copy.clone(),
+        copies: ctx.copies.clone(),
         evals: ctx.evals.clone(),
         rng: "derived: seed x (stream label, step)".into(),
     };
@@ -732,9 +952,14 @@ mod tests {
 
     #[test]
     fn task_order_covers_each_epoch() {
-        let mut seen: Vec<usize> = (0..5).flat_map(|s| tasks_for_step(3, 10, 2, s)).collect();
+        let mut seen: Vec<usize> = (0..5)
+            .flat_map(|s| seed::tasks_for_step(3, 10, 2, s))
+            .collect();
         seen.sort_unstable();
         assert_eq!(seen, (0..10).collect::<Vec<_>>());
-        assert_eq!(tasks_for_step(3, 10, 4, 7), tasks_for_step(3, 10, 4, 7));
+        assert_eq!(
+            seed::tasks_for_step(3, 10, 4, 7),
+            seed::tasks_for_step(3, 10, 4, 7)
+        );
     }
 }

@@ -14,10 +14,50 @@ pub enum GuidanceSpec {
     Prefix { n: i64 },
     /// Prefix depth as a ratio of the expert length (Agent-G²'s r_i).
     PrefixRatio { r: f64 },
-    /// The first `k` expert actions are shown in the prompt as a plan.
-    Plan { k: i64 },
+    /// The first `k` expert actions are shown in the prompt as a plan;
+    /// `loss` overrides the experiment's plan loss for these rollouts.
+    Plan { k: i64, loss: PlanLoss },
     /// The full expert trajectory as an off-policy sample (LUFFY).
     Expert,
+}
+
+/// How rollouts generated under a plan in the prompt are trained
+/// (ALGORITHMS.md §2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum PlanLoss {
+    /// The experiment's `trainer.plan_loss`.
+    #[default]
+    Default,
+    /// On-policy PPO under the guided prompt.
+    OnPolicy,
+    /// ActGuide-RL: behaviour log-probs from the guided prompt, actor and
+    /// reference log-probs on the unguided prompt with the same tokens.
+    Internalize,
+    /// On-policy under the guided prompt plus a weighted off-policy term
+    /// under the unguided prompt.
+    Dual,
+}
+
+impl PlanLoss {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "default" => Some(PlanLoss::Default),
+            "on_policy" => Some(PlanLoss::OnPolicy),
+            "internalize" => Some(PlanLoss::Internalize),
+            "dual" => Some(PlanLoss::Dual),
+            _ => None,
+        }
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            PlanLoss::Default => "default",
+            PlanLoss::OnPolicy => "on_policy",
+            PlanLoss::Internalize => "internalize",
+            PlanLoss::Dual => "dual",
+        }
+    }
 }
 
 /// A spec made concrete for one task: how many expert actions are executed
@@ -27,6 +67,7 @@ pub struct ResolvedSpec {
     pub prefix: usize,
     pub plan: usize,
     pub expert: bool,
+    pub plan_loss: PlanLoss,
 }
 
 impl ResolvedSpec {
@@ -59,8 +100,9 @@ impl GuidanceSpec {
                     ..Default::default()
                 }
             }
-            GuidanceSpec::Plan { k } => ResolvedSpec {
+            GuidanceSpec::Plan { k, loss } => ResolvedSpec {
                 plan: (k.max(0) as usize).min(len),
+                plan_loss: loss,
                 ..Default::default()
             },
             GuidanceSpec::Expert => ResolvedSpec {
@@ -77,7 +119,11 @@ impl std::fmt::Display for GuidanceSpec {
             GuidanceSpec::None => write!(f, "none()"),
             GuidanceSpec::Prefix { n } => write!(f, "prefix({n})"),
             GuidanceSpec::PrefixRatio { r } => write!(f, "prefix_ratio({r})"),
-            GuidanceSpec::Plan { k } => write!(f, "plan({k})"),
+            GuidanceSpec::Plan {
+                k,
+                loss: PlanLoss::Default,
+            } => write!(f, "plan({k})"),
+            GuidanceSpec::Plan { k, loss } => write!(f, "plan({k}, \"{}\")", loss.name()),
             GuidanceSpec::Expert => write!(f, "expert()"),
         }
     }
@@ -96,10 +142,23 @@ pub fn register(engine: &mut Engine) {
         .register_fn("prefix_ratio", |r: i64| GuidanceSpec::PrefixRatio {
             r: r as f64,
         })
-        .register_fn("plan", |k: i64| GuidanceSpec::Plan { k })
+        .register_fn("plan", |k: i64| GuidanceSpec::Plan {
+            k,
+            loss: PlanLoss::Default,
+        })
         .register_fn("plan", |k: f64| GuidanceSpec::Plan {
             k: k.round() as i64,
+            loss: PlanLoss::Default,
         })
+        .register_fn(
+            "plan",
+            |k: i64, loss: &str| -> Result<GuidanceSpec, Box<rhai::EvalAltResult>> {
+                let loss = PlanLoss::parse(loss).ok_or_else(|| {
+                    format!("plan(k, loss): loss must be \"on_policy\", \"internalize\" or \"dual\", got \"{loss}\"")
+                })?;
+                Ok(GuidanceSpec::Plan { k, loss })
+            },
+        )
         .register_fn("expert", || GuidanceSpec::Expert)
         .register_fn("to_string", |s: &mut GuidanceSpec| s.to_string())
         .register_fn("to_debug", |s: &mut GuidanceSpec| s.to_string())
@@ -109,7 +168,18 @@ pub fn register(engine: &mut Engine) {
             GuidanceSpec::PrefixRatio { .. } => "prefix_ratio".to_string(),
             GuidanceSpec::Plan { .. } => "plan".to_string(),
             GuidanceSpec::Expert => "expert".to_string(),
-        });
+        })
+        .register_get("n", |s: &mut GuidanceSpec| match s {
+            GuidanceSpec::Prefix { n } => *n,
+            GuidanceSpec::Plan { k, .. } => *k,
+            _ => 0,
+        })
+        .register_get("ratio", |s: &mut GuidanceSpec| match s {
+            GuidanceSpec::PrefixRatio { r } => *r,
+            _ => 0.0,
+        })
+        .register_fn("==", |a: GuidanceSpec, b: GuidanceSpec| a == b)
+        .register_fn("!=", |a: GuidanceSpec, b: GuidanceSpec| a != b);
 }
 
 #[cfg(test)]
@@ -130,7 +200,12 @@ mod tests {
     fn prefix_and_plan_are_clamped() {
         assert_eq!(GuidanceSpec::Prefix { n: 99 }.resolve(5).prefix, 4);
         assert_eq!(GuidanceSpec::Prefix { n: -3 }.resolve(5).prefix, 0);
-        assert_eq!(GuidanceSpec::Plan { k: 99 }.resolve(5).plan, 5);
+        let plan = GuidanceSpec::Plan {
+            k: 99,
+            loss: PlanLoss::Dual,
+        }
+        .resolve(5);
+        assert_eq!((plan.plan, plan.plan_loss), (5, PlanLoss::Dual));
         assert!(!GuidanceSpec::None.resolve(5).is_guided());
     }
 }

@@ -9,6 +9,7 @@ use std::time::Instant;
 use rand_chacha::ChaCha8Rng;
 
 use crate::env::{Env, EnvError, Task};
+use crate::guidance::host::{Intervention, TurnView};
 use crate::guidance::ResolvedSpec;
 use crate::model::{GenerateOptions, ModelError, Policy, Tok, TokenTrie};
 use prompt::{project, render, PromptParts, Step};
@@ -69,6 +70,9 @@ pub struct Turn {
     pub logprobs: Vec<f32>,
     /// An executed expert action: never a policy token.
     pub prefix: bool,
+    /// A turn of an `expert()` episode: the expert's action, trained as an
+    /// off-policy sample (LUFFY).
+    pub off_policy: bool,
     /// The action matched an admissible action.
     pub valid: bool,
     pub action: String,
@@ -88,6 +92,15 @@ pub struct Episode {
     pub policy_turns: usize,
     /// Set when the env failed; the episode counts as a failure.
     pub error: Option<String>,
+    /// Turns an intervention script hinted, and whether it stopped the
+    /// episode.
+    pub hints: usize,
+    pub stopped: bool,
+    /// Every action taken, executed prefix included.
+    pub actions: Vec<String>,
+    /// How many reference actions the episode reproduced in order from the
+    /// start (executed prefix included).
+    pub expert_match: usize,
 }
 
 /// Throughput counters of one `run` call.
@@ -118,10 +131,10 @@ struct Live<'a> {
 }
 
 impl Live<'_> {
-    fn render(&self, with_plan: bool, window: usize, show_actions: bool) -> String {
+    fn render(&self, plan: &[String], window: usize, show_actions: bool) -> String {
         render(&PromptParts {
             goal: &self.req.task.goal,
-            plan: if with_plan { &self.plan } else { &[] },
+            plan,
             history: &self.history,
             window,
             status: &self.env.status(),
@@ -129,6 +142,18 @@ impl Live<'_> {
             admissible: &self.admissible,
             show_actions,
         })
+    }
+
+    /// The reference's next action after the longest prefix of it this
+    /// episode has followed.
+    fn expert_next(&self) -> (usize, String) {
+        let expert = &self.req.task.expert;
+        let m = expert
+            .iter()
+            .zip(&self.history)
+            .take_while(|(e, h)| *e == &h.action)
+            .count();
+        (m, expert.get(m).cloned().unwrap_or_default())
     }
 
     fn fail(&mut self, e: EnvError) {
@@ -155,9 +180,13 @@ fn encode_prompt(
     Ok(ids)
 }
 
+/// Called before each policy turn of each live episode.
+pub type InterveneFn<'f> = &'f mut dyn FnMut(&TurnView) -> Intervention;
+
 /// Run all `requests` to completion. `make_env(limit)` builds a fresh env
 /// per episode with that step limit (see [`RolloutOptions::env_limit`]).
-/// Generation is one batch over every live episode per turn.
+/// Generation is one batch over every live episode per turn. `expert()`
+/// requests replay the expert trajectory and record it as off-policy turns.
 pub fn run(
     policy: &Policy,
     tok: &Tok,
@@ -165,6 +194,7 @@ pub fn run(
     requests: &[EpisodeRequest<'_>],
     opts: &RolloutOptions,
     rng: &mut ChaCha8Rng,
+    mut intervene: Option<InterveneFn<'_>>,
 ) -> Result<(Vec<Episode>, RolloutStats), RolloutError> {
     let t0 = Instant::now();
     let cfg = policy.config();
@@ -187,6 +217,10 @@ pub fn run(
             invalid: 0,
             policy_turns: 0,
             error: None,
+            hints: 0,
+            stopped: false,
+            actions: Vec::new(),
+            expert_match: 0,
         };
         let mut l = Live {
             req: req.clone(),
@@ -211,11 +245,18 @@ pub fn run(
             }
         }
         // Executed expert prefix: the env runs the actions, they enter the
-        // history, and each is recorded (for the auxiliary NLL only).
-        for a in req.task.expert.iter().take(req.spec.prefix) {
-            // Token records of prefix turns serve only the auxiliary NLL.
-            let record = if opts.record_prefix {
-                let text = l.render(!l.plan.is_empty(), opts.history, opts.show_actions);
+        // history, and each is recorded (for the auxiliary NLL only). An
+        // expert() episode is the whole trajectory, recorded as off-policy
+        // turns (LUFFY).
+        let expert_ep = req.spec.expert;
+        let n_exec = if expert_ep {
+            req.task.expert.len()
+        } else {
+            req.spec.prefix
+        };
+        for a in req.task.expert.iter().take(n_exec) {
+            let record = if opts.record_prefix || expert_ep {
+                let text = l.render(&l.plan, opts.history, opts.show_actions);
                 let mut action_ids = tok.encode(a)?;
                 action_ids.push(eos);
                 Some((encode_prompt(tok, bos, &text, max_prompt)?, action_ids))
@@ -230,7 +271,8 @@ pub fn run(
                             unguided_prompt_ids: None,
                             action_ids,
                             logprobs: Vec::new(),
-                            prefix: true,
+                            prefix: !expert_ep,
+                            off_policy: expert_ep,
                             valid: obs.valid,
                             action: a.clone(),
                         });
@@ -254,6 +296,9 @@ pub fn run(
                 }
             }
         }
+        if expert_ep {
+            l.done = true;
+        }
         live.push(l);
     }
 
@@ -265,6 +310,49 @@ pub fn run(
         eos_token_id: eos,
     };
     loop {
+        // Interventions: a hint for this turn, or the end of the episode.
+        let mut hints: Vec<Option<String>> = vec![None; live.len()];
+        if let Some(f) = intervene.as_mut() {
+            for (i, l) in live.iter_mut().enumerate() {
+                if l.done {
+                    continue;
+                }
+                let streak =
+                    l.ep.turns
+                        .iter()
+                        .rev()
+                        .take_while(|t| !t.prefix && !t.valid)
+                        .count();
+                let (_, next) = l.expert_next();
+                let view = TurnView {
+                    task_id: l.req.task.id.clone(),
+                    turn: l.ep.policy_turns as i64,
+                    invalid_streak: streak as i64,
+                    invalid: l.ep.invalid as i64,
+                    last_action: l
+                        .history
+                        .last()
+                        .map(|h| h.action.clone())
+                        .unwrap_or_default(),
+                    observation: l.observation.clone(),
+                    expert_next: next,
+                    expert_len: l.req.task.expert.len() as i64,
+                    prefix: l.req.spec.prefix as i64,
+                    plan_k: l.req.spec.plan as i64,
+                };
+                match f(&view) {
+                    Intervention::Nothing => {}
+                    Intervention::Hint(h) => {
+                        hints[i] = Some(h);
+                        l.ep.hints += 1;
+                    }
+                    Intervention::Stop => {
+                        l.ep.stopped = true;
+                        l.done = true;
+                    }
+                }
+            }
+        }
         let idx: Vec<usize> = (0..live.len()).filter(|&i| !live[i].done).collect();
         if idx.is_empty() {
             break;
@@ -274,18 +362,21 @@ pub fn run(
         let mut tries = Vec::with_capacity(idx.len());
         for &i in &idx {
             let l = &live[i];
-            let guided = !l.plan.is_empty();
+            // A hint takes the plan's place for this turn.
+            let hint: Vec<String> = hints[i].iter().cloned().collect();
+            let shown: &[String] = if hint.is_empty() { &l.plan } else { &hint };
+            let guided = !shown.is_empty();
             prompts.push(encode_prompt(
                 tok,
                 bos,
-                &l.render(guided, opts.history, opts.show_actions),
+                &l.render(shown, opts.history, opts.show_actions),
                 max_prompt,
             )?);
             unguided.push(if guided {
                 Some(encode_prompt(
                     tok,
                     bos,
-                    &l.render(false, opts.history, opts.show_actions),
+                    &l.render(&[], opts.history, opts.show_actions),
                     max_prompt,
                 )?)
             } else {
@@ -323,6 +414,7 @@ pub fn run(
                 action_ids: g.tokens,
                 logprobs: g.logprobs,
                 prefix: false,
+                off_policy: false,
                 valid,
                 action: action.clone(),
             });
@@ -350,7 +442,17 @@ pub fn run(
         }
     }
     stats.seconds = t0.elapsed().as_secs_f64();
-    Ok((live.into_iter().map(|l| l.ep).collect(), stats))
+    let eps = live
+        .into_iter()
+        .map(|l| {
+            let (m, _) = l.expert_next();
+            let mut ep = l.ep;
+            ep.expert_match = m;
+            ep.actions = l.history.into_iter().map(|h| h.action).collect();
+            ep
+        })
+        .collect();
+    Ok((eps, stats))
 }
 
 #[cfg(test)]

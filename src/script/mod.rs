@@ -1,15 +1,19 @@
 //! The Rhai script host: one sandboxed engine, the helpers scripts may call,
 //! compiled scripts with their content hash, and positioned script errors.
 //!
-//! Scripts are compiled once; their top-level statements (constants, knobs)
-//! run once at load so functions can read them through `global::NAME` or
-//! directly, and every entry point is then called with `eval_ast(false)` so
-//! top-level statements are *not* re-run on each call (a Rhai trap).
+//! Scripts are compiled once; their top-level statements (constants, knobs,
+//! imports) run at load, the engine serves each file's constants to that
+//! file's functions, and every entry point is then called with
+//! `eval_ast(false)` so top-level statements are *not* re-run on each call
+//! (a Rhai trap). `import "guidance/gaussian" as g;` resolves against the
+//! importing script's directory; the imported files are part of the
+//! version's hash and of the set of files hot reload watches.
 
 pub mod watch;
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -52,7 +56,9 @@ impl ScriptError {
     /// message of the wrapping `ErrorInFunctionCall` names the function.
     pub fn from_eval(file: &str, err: &EvalAltResult) -> Self {
         let msg = match err {
-            EvalAltResult::ErrorInFunctionCall(name, _, inner, _) => {
+            EvalAltResult::ErrorInFunctionCall(name, src, inner, _) => {
+                // Errors inside an imported module's function name its file.
+                let file = if src.is_empty() { file } else { src.as_str() };
                 let inner_pos = inner.position();
                 let mut e = ScriptError::from_eval(file, inner);
                 if inner_pos.is_none() {
@@ -106,16 +112,34 @@ impl HostHandles {
     }
 }
 
-/// Build the sandboxed engine with the actguide helper API registered.
-pub fn new_engine() -> (Engine, HostHandles) {
-    let (mut engine, handles) = base_engine();
-    // No dynamic code in strategy scripts: `eval` could bypass the
-    // compile-time checks and positions.
-    engine.disable_symbol("eval");
-    (engine, handles)
+impl HostHandles {
+    /// Fresh handles: a script RNG (reseeded per call site) and an effects
+    /// buffer.
+    pub fn new() -> Self {
+        HostHandles {
+            rng: Arc::new(Mutex::new(ChaCha8Rng::seed_from_u64(0))),
+            effects: Arc::new(Mutex::new(Effects::default())),
+        }
+    }
 }
 
-fn base_engine() -> (Engine, HostHandles) {
+impl Default for HostHandles {
+    fn default() -> Self {
+        HostHandles::new()
+    }
+}
+
+/// Build a sandboxed engine with the actguide helper API registered and no
+/// imports (used by experiment files and tests).
+pub fn new_engine() -> (Engine, HostHandles) {
+    let handles = HostHandles::new();
+    (engine_with(&handles, None), handles)
+}
+
+/// The sandboxed engine of one script version. `imports` is the resolver of
+/// `import "guidance/gaussian" as g;` statements (relative to the root
+/// scripts directory); without it scripts cannot read any file.
+fn engine_with(handles: &HostHandles, imports: Option<ImportResolver>) -> Engine {
     let mut engine = Engine::new();
     engine
         .set_max_operations(MAX_OPERATIONS)
@@ -124,15 +148,34 @@ fn base_engine() -> (Engine, HostHandles) {
         .set_max_string_size(MAX_STRING_SIZE)
         .set_max_array_size(MAX_ARRAY_SIZE)
         .set_max_map_size(MAX_MAP_SIZE)
-        .set_max_modules(16)
+        .set_max_modules(32)
         .set_max_variables(1024)
         .set_max_functions(512);
-    // No module resolver by default: scripts cannot read files.
-    engine.set_module_resolver(rhai::module_resolvers::DummyModuleResolver::new());
-
-    let handles = HostHandles {
-        rng: Arc::new(Mutex::new(ChaCha8Rng::seed_from_u64(0))),
-        effects: Arc::new(Mutex::new(Effects::default())),
+    // No dynamic code in strategy scripts: `eval` could bypass the
+    // compile-time checks and positions.
+    engine.disable_symbol("eval");
+    match imports {
+        Some(r) => {
+            let consts = r.consts.clone();
+            // The innermost namespace is the file of the running function.
+            #[allow(deprecated)] // `on_var` is stable in use, marked volatile
+            engine.on_var(move |name, _, ctx| {
+                let file = ctx
+                    .iter_namespaces()
+                    .last()
+                    .and_then(|m| m.id())
+                    .or(ctx.source())
+                    .unwrap_or("");
+                Ok(consts
+                    .read()
+                    .expect("constants lock")
+                    .get(file)
+                    .and_then(|t| t.get(name))
+                    .cloned())
+            });
+            engine.set_module_resolver(r)
+        }
+        None => engine.set_module_resolver(rhai::module_resolvers::DummyModuleResolver::new()),
     };
 
     let rng = handles.rng.clone();
@@ -194,18 +237,116 @@ fn base_engine() -> (Engine, HostHandles) {
     engine.on_debug(move |s, _, _| eff.lock().expect("effects lock").logs.push(s.to_string()));
 
     crate::guidance::spec::register(&mut engine);
-    (engine, handles)
+    engine
 }
 
-/// A compiled script: source, AST, content hash, and the scope holding its
-/// top-level constants.
+/// Files an import resolver has read (path, source), in first-read order,
+/// and the first error it met (with the imported file's position).
+#[derive(Debug, Default)]
+struct ImportLog {
+    files: Vec<(PathBuf, String)>,
+    error: Option<ScriptError>,
+}
+
+/// Resolves `import "name" as m;` to `<root>/name.rhai`. Each imported file
+/// gets the same treatment as a main script: its top-level constants are
+/// visible inside its functions.
+#[derive(Clone)]
+struct ImportResolver {
+    root: PathBuf,
+    log: Arc<Mutex<ImportLog>>,
+    consts: ConstTable,
+}
+
+impl rhai::ModuleResolver for ImportResolver {
+    fn resolve(
+        &self,
+        engine: &Engine,
+        _source: Option<&str>,
+        path: &str,
+        pos: Position,
+    ) -> Result<Arc<rhai::Module>, Box<EvalAltResult>> {
+        let mut file = self.root.join(path);
+        if file.extension().is_none() {
+            file.set_extension("rhai");
+        }
+        let fail = |e: ScriptError| -> Box<EvalAltResult> {
+            let msg = e.to_string();
+            let mut log = self.log.lock().expect("import log");
+            if log.error.is_none() {
+                log.error = Some(e);
+            }
+            EvalAltResult::ErrorModuleNotFound(format!("{path} ({msg})"), pos).into()
+        };
+        let source = std::fs::read_to_string(&file).map_err(|e| {
+            fail(ScriptError {
+                file: file.display().to_string(),
+                line: 0,
+                col: 0,
+                msg: format!("cannot read imported script `{path}`: {e}"),
+            })
+        })?;
+        {
+            let mut log = self.log.lock().expect("import log");
+            if !log.files.iter().any(|(p, _)| p == &file) {
+                log.files.push((file.clone(), source.clone()));
+            }
+        }
+        let name = file.display().to_string();
+        let ast = compile_with_constants(engine, &self.consts, &name, &source).map_err(fail)?;
+        let module = rhai::Module::eval_ast_as_new(Scope::new(), &ast, engine)
+            .map_err(|e| fail(ScriptError::from_eval(&name, &e)))?;
+        Ok(module.into())
+    }
+}
+
+/// Top-level constants of each file of a script version, by file name.
+type ConstTable = Arc<RwLock<HashMap<String, HashMap<String, Dynamic>>>>;
+
+/// Compile `source` and run its top-level statements once, recording its
+/// constants. Rhai functions cannot read top-level variables; the engine's
+/// variable resolver serves each file's constants (a strategy's knobs) to
+/// the functions of that file, read-only.
+fn compile_with_constants(
+    engine: &Engine,
+    consts: &ConstTable,
+    file: &str,
+    source: &str,
+) -> Result<AST, ScriptError> {
+    let parse_err = |e: rhai::ParseError| {
+        ScriptError::new(file, e.position(), strip_position(&e.0.to_string()))
+    };
+    let mut ast = engine.compile(source).map_err(parse_err)?;
+    ast.set_source(file);
+    let mut scope = Scope::new();
+    engine
+        .run_ast_with_scope(&mut scope, &ast)
+        .map_err(|e| ScriptError::from_eval(file, &e))?;
+    let table: HashMap<String, Dynamic> = scope
+        .iter()
+        .filter(|(_, is_const, _)| *is_const)
+        .map(|(name, _, value)| (name.to_string(), value))
+        .collect();
+    consts
+        .write()
+        .expect("constants lock")
+        .insert(file.to_string(), table);
+    Ok(ast)
+}
+
+/// A compiled script version: its source, the sources of every file it
+/// imports, a content hash over all of them, and its own engine (holding
+/// the script as a global module, so functions see their imports).
 #[derive(Clone)]
 pub struct Script {
     pub path: PathBuf,
     pub source: String,
+    /// Imported files (path, source), in first-import order.
+    pub imports: Vec<(PathBuf, String)>,
     pub hash: String,
-    ast: AST,
-    scope: Scope<'static>,
+    engine: Arc<Engine>,
+    fns: Vec<(String, usize)>,
+    empty: AST,
 }
 
 impl std::fmt::Debug for Script {
@@ -224,49 +365,70 @@ pub fn content_hash(source: &str) -> String {
 }
 
 impl Script {
-    /// Read and compile a script file.
-    pub fn load(engine: &Engine, path: &Path) -> Result<Self, ScriptError> {
+    /// Read and compile a script file. Imports resolve against the file's
+    /// directory (`scripts/guidance.rhai` imports `"guidance/gaussian"`).
+    pub fn load(handles: &HostHandles, path: &Path) -> Result<Self, ScriptError> {
         let source = std::fs::read_to_string(path).map_err(|e| ScriptError {
             file: path.display().to_string(),
             line: 0,
             col: 0,
             msg: format!("cannot read script: {e}"),
         })?;
-        Script::compile(engine, path, source)
+        Script::compile(handles, path, source)
     }
 
-    /// Compile source text; runs the top-level statements once (constants).
-    pub fn compile(engine: &Engine, path: &Path, source: String) -> Result<Self, ScriptError> {
+    /// Compile source text; runs the top-level statements (constants,
+    /// imports) once.
+    pub fn compile(
+        handles: &HostHandles,
+        path: &Path,
+        source: String,
+    ) -> Result<Self, ScriptError> {
         let file = path.display().to_string();
-        let parse_err = |e: rhai::ParseError| {
-            ScriptError::new(&file, e.position(), strip_position(&e.0.to_string()))
+        let root = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."))
+            .to_path_buf();
+        let log = Arc::new(Mutex::new(ImportLog::default()));
+        let consts = ConstTable::default();
+        let mut engine = engine_with(
+            handles,
+            Some(ImportResolver {
+                root,
+                log: log.clone(),
+                consts: consts.clone(),
+            }),
+        );
+        let import_error = |e: ScriptError| -> ScriptError {
+            log.lock().expect("import log").error.take().unwrap_or(e)
         };
-        let mut ast = engine.compile(&source).map_err(parse_err)?;
-        ast.set_source(file.as_str());
-        let mut scope = Scope::new();
-        engine
-            .run_ast_with_scope(&mut scope, &ast)
-            .map_err(|e| ScriptError::from_eval(&file, &e))?;
-        // Rhai functions cannot read top-level variables; constants reach
-        // them only by the optimiser's propagation. Recompiling with the
-        // evaluated constants in scope makes every top-level `const` (the
-        // strategy's knobs) visible inside every function.
-        let mut consts = Scope::new();
-        for (name, is_const, value) in scope.iter() {
-            if is_const {
-                consts.push_constant(name, value);
-            }
+        let ast = compile_with_constants(&engine, &consts, &file, &source).map_err(import_error)?;
+        let fns: Vec<(String, usize)> = ast
+            .iter_functions()
+            .map(|f| (f.name.to_string(), f.params.len()))
+            .collect();
+        // As a module, every function carries the script's imports with it,
+        // so `g::plan(..)` works when entry points are called one by one.
+        let module = rhai::Module::eval_ast_as_new(Scope::new(), &ast, &engine)
+            .map_err(|e| import_error(ScriptError::from_eval(&file, &e)))?;
+        engine.register_global_module(module.into());
+        let imports = std::mem::take(&mut log.lock().expect("import log").files);
+        let mut all = source.clone();
+        for (p, s) in &imports {
+            all.push_str(&format!("\n// {}\n{s}", p.display()));
         }
-        let mut ast = engine
-            .compile_with_scope(&consts, &source)
-            .map_err(parse_err)?;
-        ast.set_source(file.as_str());
+        let empty = engine
+            .compile("")
+            .map_err(|e| ScriptError::new(&file, e.position(), e.to_string()))?;
         Ok(Script {
             path: path.to_path_buf(),
-            hash: content_hash(&source),
+            hash: content_hash(&all),
             source,
-            ast,
-            scope,
+            imports,
+            engine: Arc::new(engine),
+            fns,
+            empty,
         })
     }
 
@@ -274,23 +436,26 @@ impl Script {
         self.path.display().to_string()
     }
 
+    /// Every file this version was built from (the script and its imports).
+    pub fn files(&self) -> Vec<PathBuf> {
+        std::iter::once(self.path.clone())
+            .chain(self.imports.iter().map(|(p, _)| p.clone()))
+            .collect()
+    }
+
     /// Does the script define `name` with `arity` parameters?
     pub fn has_fn(&self, name: &str, arity: usize) -> bool {
-        self.ast
-            .iter_functions()
-            .any(|f| f.name == name && f.params.len() == arity)
+        self.fns.iter().any(|(n, a)| n == name && *a == arity)
     }
 
     /// Call an entry point without re-running top-level statements.
-    pub fn call(
-        &mut self,
-        engine: &Engine,
-        name: &str,
-        args: impl rhai::FuncArgs,
-    ) -> Result<Dynamic, ScriptError> {
-        let opts = CallFnOptions::new().eval_ast(false).rewind_scope(true);
-        engine
-            .call_fn_with_options::<Dynamic>(opts, &mut self.scope, &self.ast, name, args)
+    pub fn call(&self, name: &str, args: impl rhai::FuncArgs) -> Result<Dynamic, ScriptError> {
+        let opts = CallFnOptions::new()
+            .eval_ast(false)
+            .rewind_scope(true)
+            .in_all_namespaces(true);
+        self.engine
+            .call_fn_with_options::<Dynamic>(opts, &mut Scope::new(), &self.empty, name, args)
             .map_err(|e| ScriptError::from_eval(&self.file(), &e))
     }
 }

@@ -23,6 +23,10 @@ pub struct RunState {
     /// Hash of the guidance script active at this step, and its saved copy.
     pub script_hash: String,
     pub script_copy: String,
+    /// Saved copies of the reward and intervention scripts active at this
+    /// step, by role name.
+    #[serde(default)]
+    pub copies: std::collections::BTreeMap<String, String>,
     /// Test success by evaluated step.
     pub evals: Vec<(usize, f64)>,
     /// Every random stream is derived from (seed, label, step): this

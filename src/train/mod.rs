@@ -17,6 +17,7 @@ use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
 
 use crate::experiment::config::TrainerSection;
+use crate::guidance::PlanLoss;
 use crate::model::{ModelError, Policy, ScoreBatch};
 use crate::rollout::Episode;
 pub use advantage::{group_advantages, is_zero_std, AdvantageKind};
@@ -37,29 +38,117 @@ pub struct Sample {
     pub aux: bool,
     /// Trajectory weight for the aux NLL: 1 / n_prefix.
     pub aux_weight: f32,
+    /// An expert token trained off-policy with LUFFY's shaped ratio
+    /// x / (x + γ), unclipped.
+    pub off_policy: bool,
+    /// A forced (executed expert) token in the policy loss (StepHint);
+    /// its ratio is taken against the current policy.
+    pub forced: bool,
+    /// Weight of this sample's policy-loss tokens (the `dual` mode's
+    /// off-policy term uses `dual_weight`).
+    pub weight: f32,
+}
+
+/// How episodes become samples.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SampleOptions {
+    /// Executed prefix actions as auxiliary NLL samples.
+    pub with_aux: bool,
+    /// Loss for turns generated under a plan or hint, unless a spec says
+    /// otherwise (never `PlanLoss::Default`).
+    pub plan_loss: PlanLoss,
+    pub dual_weight: f32,
+    /// Executed prefix actions as forced tokens in the policy loss.
+    pub train_prefix: bool,
+    /// Forced tokens never get a negative advantage (StepHint).
+    pub protect_forced: bool,
+}
+
+impl Default for SampleOptions {
+    fn default() -> Self {
+        SampleOptions {
+            with_aux: false,
+            plan_loss: PlanLoss::Internalize,
+            dual_weight: 0.1,
+            train_prefix: false,
+            protect_forced: true,
+        }
+    }
 }
 
 /// Build samples from episodes with one advantage per episode.
-pub fn build_samples(episodes: &[Episode], advantages: &[f64], with_aux: bool) -> Vec<Sample> {
+pub fn build_samples(episodes: &[Episode], advantages: &[f64], o: &SampleOptions) -> Vec<Sample> {
     let mut out = Vec::new();
     for (ei, (ep, &adv)) in episodes.iter().zip(advantages).enumerate() {
         let n_prefix = ep.turns.iter().filter(|t| t.prefix).count();
-        for t in &ep.turns {
-            if t.action_ids.is_empty() || (t.prefix && !with_aux) {
-                continue;
-            }
-            let mut seq = t.prompt_ids.clone();
+        let base = |seq_prompt: &[u32], t: &crate::rollout::Turn| -> Sample {
+            let mut seq = seq_prompt.to_vec();
             let start = seq.len();
             seq.extend(&t.action_ids);
-            out.push(Sample {
+            Sample {
                 targets: (start..seq.len()).collect(),
                 seq,
                 old_logp: t.logprobs.clone(),
                 advantage: adv as f32,
                 episode: ei,
-                aux: t.prefix,
-                aux_weight: if t.prefix { 1.0 / n_prefix as f32 } else { 0.0 },
-            });
+                aux: false,
+                aux_weight: 0.0,
+                off_policy: false,
+                forced: false,
+                weight: 1.0,
+            }
+        };
+        for t in &ep.turns {
+            if t.action_ids.is_empty() {
+                continue;
+            }
+            if t.prefix {
+                if o.with_aux {
+                    out.push(Sample {
+                        aux: true,
+                        aux_weight: 1.0 / n_prefix as f32,
+                        ..base(&t.prompt_ids, t)
+                    });
+                }
+                if o.train_prefix {
+                    let a = if o.protect_forced { adv.max(0.0) } else { adv };
+                    out.push(Sample {
+                        forced: true,
+                        advantage: a as f32,
+                        old_logp: Vec::new(),
+                        ..base(&t.prompt_ids, t)
+                    });
+                }
+                continue;
+            }
+            if t.off_policy {
+                out.push(Sample {
+                    off_policy: true,
+                    ..base(&t.prompt_ids, t)
+                });
+                continue;
+            }
+            let Some(unguided) = &t.unguided_prompt_ids else {
+                out.push(base(&t.prompt_ids, t));
+                continue;
+            };
+            let mode = match ep.spec.plan_loss {
+                PlanLoss::Default => o.plan_loss,
+                m => m,
+            };
+            match mode {
+                PlanLoss::OnPolicy | PlanLoss::Default => out.push(base(&t.prompt_ids, t)),
+                // Same tokens, unguided context; behaviour log-probs stay
+                // those of the guided context (ActGuide-RL §2).
+                PlanLoss::Internalize => out.push(base(unguided, t)),
+                PlanLoss::Dual => {
+                    out.push(base(&t.prompt_ids, t));
+                    out.push(Sample {
+                        weight: o.dual_weight,
+                        ..base(unguided, t)
+                    });
+                }
+            }
         }
     }
     out
@@ -213,10 +302,14 @@ impl Trainer {
     ) -> Result<Vec<Option<Tensor>>, TrainError> {
         let c = &self.cfg;
         // Token weights so that the minibatch loss is the chosen aggregate.
-        let policy_tokens: usize = mb.iter().filter(|s| !s.aux).map(|s| s.targets.len()).sum();
-        let mut ep_tokens = std::collections::BTreeMap::<usize, usize>::new();
+        let policy_tokens: f64 = mb
+            .iter()
+            .filter(|s| !s.aux)
+            .map(|s| s.weight as f64 * s.targets.len() as f64)
+            .sum();
+        let mut ep_tokens = std::collections::BTreeMap::<usize, f64>::new();
         for s in mb.iter().filter(|s| !s.aux) {
-            *ep_tokens.entry(s.episode).or_default() += s.targets.len();
+            *ep_tokens.entry(s.episode).or_default() += s.weight as f64 * s.targets.len() as f64;
         }
         let n_eps = ep_tokens.len().max(1);
         let aux_weight_total: f64 = mb
@@ -240,11 +333,14 @@ impl Trainer {
             };
             sums.train_tokens += batch.seqs.iter().map(Vec::len).sum::<usize>();
             let out = policy.score(&batch)?;
+            let lp_now = out.logp.detach().to_vec1::<f32>()?;
             // Per-token constants.
             let mut w_pg = Vec::new();
             let mut w_aux = Vec::new();
             let mut adv = Vec::new();
             let mut old = Vec::new();
+            let mut off = Vec::new();
+            let mut k_all = 0usize;
             for &i in chunk {
                 let s = mb[i];
                 for k in 0..s.targets.len() {
@@ -253,26 +349,41 @@ impl Trainer {
                         w_aux.push((s.aux_weight as f64 / aux_weight_total) as f32);
                         adv.push(0.0);
                         old.push(0.0);
+                        off.push(0.0);
                     } else {
                         let w = if c.aggregation == "token_mean" {
-                            1.0 / policy_tokens.max(1) as f64
+                            1.0 / policy_tokens.max(1e-9)
                         } else {
-                            1.0 / (ep_tokens[&s.episode] as f64 * n_eps as f64)
+                            1.0 / (ep_tokens[&s.episode].max(1e-9) * n_eps as f64)
                         };
-                        w_pg.push(w as f32);
+                        w_pg.push((w * s.weight as f64) as f32);
                         w_aux.push(0.0);
                         adv.push(s.advantage);
-                        old.push(s.old_logp.get(k).copied().unwrap_or(0.0));
+                        // Forced tokens have no behaviour log-prob: their
+                        // ratio is taken against the current policy.
+                        old.push(if s.forced {
+                            lp_now[k_all]
+                        } else {
+                            s.old_logp.get(k).copied().unwrap_or(0.0)
+                        });
+                        off.push(if s.off_policy { 1.0 } else { 0.0 });
                     }
+                    k_all += 1;
                 }
             }
             let n = w_pg.len();
+            let any_off = off.iter().any(|&x| x > 0.0);
             let t = |v: Vec<f32>| Tensor::from_vec(v, n, &dev);
             let (w_pg_t, w_aux_t, adv_t, old_t) =
                 (t(w_pg.clone())?, t(w_aux)?, t(adv.clone())?, t(old)?);
             let logp = &out.logp;
-            let (pg, ratio) =
+            let (mut pg, ratio) =
                 ppo_token_loss(logp, &old_t, &adv_t, c.clip_low, c.clip_high, c.dual_clip)?;
+            if any_off {
+                let m = t(off.clone())?;
+                let shaped = luffy_token_loss(logp, &adv_t, c.luffy_gamma)?;
+                pg = ((&pg * (1.0 - &m)?)? + (shaped * &m)?)?;
+            }
             let pg_loss = (&pg * &w_pg_t)?.sum_all()?;
             let mut loss = pg_loss.clone();
             if use_aux {
@@ -318,8 +429,10 @@ impl Trainer {
                             sums.kl += kv[k] as f64;
                         }
                         let a = adv[k];
-                        if (a > 0.0 && rt[k] as f64 > 1.0 + c.clip_high)
-                            || (a < 0.0 && (rt[k] as f64) < 1.0 - c.clip_low)
+                        let r = rt[k] as f64;
+                        if off[k] == 0.0
+                            && ((a > 0.0 && r > 1.0 + c.clip_high)
+                                || (a < 0.0 && r < 1.0 - c.clip_low))
                         {
                             sums.clipped += 1;
                         }
@@ -365,6 +478,20 @@ pub fn ppo_token_loss(
         pg = adv.lt(0.0f32)?.where_cond(&pg.minimum(&cap)?, &pg)?;
     }
     Ok((pg, ratio))
+}
+
+/// LUFFY's off-policy token loss: −Â · f(π_θ), f(x) = x / (x + γ), with
+/// the behaviour probability of expert data taken as 1 and no clipping.
+/// The shaping keeps gradients of low-probability expert tokens large
+/// (f'(x) = γ / (x + γ)²) instead of vanishing with x.
+pub fn luffy_token_loss(
+    logp: &Tensor,
+    adv: &Tensor,
+    gamma: f64,
+) -> Result<Tensor, candle_core::Error> {
+    let x = logp.exp()?;
+    let f = (&x / (&x + gamma)?)?;
+    adv.neg()? * f
 }
 
 /// Global L2 norm over all gradients.
@@ -445,12 +572,19 @@ mod tests {
             policy_turns: 1,
             error: None,
         };
-        let s = build_samples(std::slice::from_ref(&ep), &[0.5], false);
+        let s = build_samples(std::slice::from_ref(&ep), &[0.5], &SampleOptions::default());
         assert_eq!(s.len(), 1);
         assert_eq!(s[0].targets, vec![3, 4]);
         assert_eq!(s[0].old_logp, vec![-1.0, -0.5]);
         assert_eq!(s[0].advantage, 0.5);
-        let s = build_samples(&[ep], &[0.5], true);
+        let s = build_samples(
+            &[ep],
+            &[0.5],
+            &SampleOptions {
+                with_aux: true,
+                ..Default::default()
+            },
+        );
         assert_eq!(s.iter().filter(|x| x.aux).count(), 2);
         assert!(s.iter().filter(|x| x.aux).all(|x| x.aux_weight == 0.5));
     }

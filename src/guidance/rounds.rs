@@ -1,0 +1,262 @@
+//! Review rounds: `plan` gives each task its first round; after each round
+//! the script's `review` may ask for another (probe, replace or append) or
+//! select an earlier round as the training group. Every task's pending
+//! round is executed in one batch, so generation stays batched across
+//! tasks. The same driver serves training runs and `simulate`.
+
+use rhai::{Array, Dynamic, Map};
+
+use crate::guidance::host::{GuidanceHost, Review, RoundUse, TaskView};
+use crate::guidance::spec::{GuidanceSpec, ResolvedSpec};
+use crate::script::ScriptError;
+
+/// What the driver needs to know about an executed rollout.
+pub trait Outcome {
+    fn success(&self) -> bool;
+    fn reward(&self) -> f64;
+    fn resolved(&self) -> ResolvedSpec;
+}
+
+/// One rollout to execute: task index (into the step's tasks) and spec.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Request {
+    pub task: usize,
+    pub spec: GuidanceSpec,
+}
+
+/// An executed rollout and the round it belongs to.
+#[derive(Debug, Clone)]
+pub struct Rollout<E> {
+    pub ep: E,
+    pub spec: GuidanceSpec,
+    pub round: usize,
+    pub use_: RoundUse,
+    pub keep: bool,
+}
+
+/// All rounds of one task in one step.
+#[derive(Debug, Clone)]
+pub struct TaskRounds<E> {
+    pub all: Vec<Rollout<E>>,
+    /// Indices into `all` of the training group (kept probes included).
+    pub group: Vec<usize>,
+    /// Rounds run (1 = only the planned one).
+    pub rounds: usize,
+    /// The review asked for more rounds than the bound allows.
+    pub bounded: bool,
+}
+
+impl<E> TaskRounds<E> {
+    pub fn spent(&self) -> usize {
+        self.all.len()
+    }
+
+    pub fn probes(&self) -> usize {
+        self.all
+            .iter()
+            .filter(|r| r.use_ == RoundUse::Probe)
+            .count()
+    }
+
+    pub fn training(&self) -> impl Iterator<Item = &Rollout<E>> {
+        self.group.iter().map(|&i| &self.all[i])
+    }
+}
+
+/// Errors and counters of one drive.
+#[derive(Debug, Default)]
+pub struct DriveReport {
+    pub errors: Vec<ScriptError>,
+    pub bound_hits: usize,
+}
+
+/// Run `plan`, then rounds until every task's review accepts (or the bound
+/// of `max_rounds` extra rounds per task is reached). `exec` runs one batch
+/// of requests (with the host, for reward and intervention scripts) and
+/// returns one outcome per request, in order.
+pub fn drive<E: Outcome + Clone, X>(
+    host: &mut GuidanceHost,
+    step: usize,
+    views: &[TaskView],
+    max_rounds: usize,
+    exec: &mut dyn FnMut(&mut GuidanceHost, &[Request]) -> Result<Vec<E>, X>,
+    report: &mut DriveReport,
+) -> Result<Vec<TaskRounds<E>>, X> {
+    let mut tasks: Vec<TaskRounds<E>> = views
+        .iter()
+        .map(|_| TaskRounds {
+            all: Vec::new(),
+            group: Vec::new(),
+            rounds: 0,
+            bounded: false,
+        })
+        .collect();
+    // (specs, use, keep) per task for the next round.
+    let mut pending: Vec<Option<(Vec<GuidanceSpec>, RoundUse, bool)>> = Vec::new();
+    for v in views {
+        let (specs, err) = host.plan(step, v);
+        report.errors.extend(err);
+        pending.push(Some((specs, RoundUse::Replace, false)));
+    }
+    let review = host.has_review();
+    // Probes kept for training, per task.
+    let mut kept: Vec<Vec<usize>> = vec![Vec::new(); views.len()];
+    loop {
+        let mut reqs = Vec::new();
+        for (t, p) in pending.iter().enumerate() {
+            if let Some((specs, _, _)) = p {
+                reqs.extend(specs.iter().map(|&spec| Request { task: t, spec }));
+            }
+        }
+        if reqs.is_empty() {
+            break;
+        }
+        let outs = exec(host, &reqs)?;
+        let mut outs = outs.into_iter();
+        let mut ran = Vec::new();
+        for (t, p) in pending.iter_mut().enumerate() {
+            let Some((specs, use_, keep)) = p.take() else {
+                continue;
+            };
+            let tr = &mut tasks[t];
+            let round = tr.rounds;
+            let start = tr.all.len();
+            for spec in specs {
+                let ep = outs.next().expect("one outcome per request");
+                tr.all.push(Rollout {
+                    ep,
+                    spec,
+                    round,
+                    use_,
+                    keep,
+                });
+            }
+            let idx: Vec<usize> = (start..tr.all.len()).collect();
+            match use_ {
+                RoundUse::Replace => tr.group = idx,
+                RoundUse::Append => tr.group.extend(idx),
+                RoundUse::Probe if keep => kept[t].extend(idx),
+                RoundUse::Probe => {}
+            }
+            tr.rounds += 1;
+            ran.push(t);
+        }
+        if !review {
+            break;
+        }
+        for t in ran {
+            let view = group_view(&tasks[t]);
+            let (r, err) = host.review(step, tasks[t].rounds - 1, &views[t], &view);
+            report.errors.extend(err);
+            match r {
+                Review::Accept => {}
+                Review::Select(i) => {
+                    let tr = &mut tasks[t];
+                    let sel: Vec<usize> = (0..tr.all.len())
+                        .filter(|&k| tr.all[k].round == i)
+                        .collect();
+                    if sel.is_empty() {
+                        report.errors.push(ScriptError {
+                            file: host.script().file(),
+                            line: 0,
+                            col: 0,
+                            msg: format!(
+                                "review() selected round {i} of task {}, which ran {} rounds",
+                                views[t].id, tr.rounds
+                            ),
+                        });
+                    } else {
+                        tr.group = sel;
+                    }
+                }
+                Review::Round(req) => {
+                    if tasks[t].rounds > max_rounds {
+                        tasks[t].bounded = true;
+                        report.bound_hits += 1;
+                    } else {
+                        pending[t] = Some((req.specs, req.use_, req.keep));
+                    }
+                }
+            }
+        }
+    }
+    for (t, k) in kept.into_iter().enumerate() {
+        for i in k {
+            if !tasks[t].group.contains(&i) {
+                tasks[t].group.push(i);
+            }
+        }
+    }
+    Ok(tasks)
+}
+
+/// What `review(task, group, state)` sees: every round so far (with its
+/// mode, spec, size and successes), every rollout, and the current training
+/// group's summary.
+pub fn group_view<E: Outcome>(tr: &TaskRounds<E>) -> Dynamic {
+    let mut rounds = Array::new();
+    for r in 0..tr.rounds {
+        let rs: Vec<&Rollout<E>> = tr.all.iter().filter(|x| x.round == r).collect();
+        let succ = rs.iter().filter(|x| x.ep.success()).count();
+        let mut m = Map::new();
+        m.insert("round".into(), Dynamic::from(r as i64));
+        m.insert("mode".into(), Dynamic::from(rs[0].use_.name().to_string()));
+        m.insert("spec".into(), Dynamic::from(rs[0].spec));
+        m.insert("n".into(), Dynamic::from(rs.len() as i64));
+        m.insert("successes".into(), Dynamic::from(succ as i64));
+        m.insert(
+            "rate".into(),
+            Dynamic::from(succ as f64 / rs.len().max(1) as f64),
+        );
+        let depth = rs
+            .iter()
+            .map(|x| x.ep.resolved().prefix as f64)
+            .sum::<f64>()
+            / rs.len().max(1) as f64;
+        m.insert("depth".into(), Dynamic::from(depth));
+        let k =
+            rs.iter().map(|x| x.ep.resolved().plan as f64).sum::<f64>() / rs.len().max(1) as f64;
+        m.insert("plan_k".into(), Dynamic::from(k));
+        rounds.push(Dynamic::from_map(m));
+    }
+    let mut rollouts = Array::new();
+    for x in &tr.all {
+        let mut m = Map::new();
+        m.insert("round".into(), Dynamic::from(x.round as i64));
+        m.insert("mode".into(), Dynamic::from(x.use_.name().to_string()));
+        m.insert("spec".into(), Dynamic::from(x.spec));
+        m.insert("success".into(), Dynamic::from(x.ep.success()));
+        m.insert("reward".into(), Dynamic::from(x.ep.reward()));
+        m.insert("depth".into(), Dynamic::from(x.ep.resolved().prefix as i64));
+        m.insert("plan_k".into(), Dynamic::from(x.ep.resolved().plan as i64));
+        rollouts.push(Dynamic::from_map(m));
+    }
+    let g: Vec<&Rollout<E>> = tr.training().collect();
+    let succ = g.iter().filter(|x| x.ep.success()).count();
+    let rewards: Array = g.iter().map(|x| Dynamic::from(x.ep.reward())).collect();
+    let max_reward = g
+        .iter()
+        .map(|x| x.ep.reward())
+        .fold(f64::NEG_INFINITY, f64::max);
+    let mut m = Map::new();
+    m.insert("round".into(), Dynamic::from(tr.rounds as i64 - 1));
+    m.insert("rounds".into(), Dynamic::from_array(rounds));
+    m.insert("rollouts".into(), Dynamic::from_array(rollouts));
+    m.insert("n".into(), Dynamic::from(g.len() as i64));
+    m.insert("successes".into(), Dynamic::from(succ as i64));
+    m.insert(
+        "success_rate".into(),
+        Dynamic::from(succ as f64 / g.len().max(1) as f64),
+    );
+    m.insert("rewards".into(), Dynamic::from_array(rewards));
+    m.insert(
+        "max_reward".into(),
+        Dynamic::from(if max_reward.is_finite() {
+            max_reward
+        } else {
+            0.0
+        }),
+    );
+    m.insert("spent".into(), Dynamic::from(tr.all.len() as i64));
+    Dynamic::from_map(m)
+}

@@ -1,0 +1,412 @@
+//! `actguide simulate`: a guidance script played against a deterministic
+//! synthetic learner instead of a model, so a strategy's schedule and cost
+//! can be developed and snapshot-tested without training.
+//!
+//! The learner has one skill number. A rollout of a task with expert length
+//! L, executed prefix n and plan length k succeeds with probability
+//! σ(skill + depth_gain·n/L − length_penalty·(L − n − plan_gain·c)), c the
+//! plan actions beyond the prefix: deeper guidance helps, long tasks are
+//! hard. After each step the skill
+//! grows by `learn_rate` times the fraction of tasks whose training group
+//! had mixed outcomes (only those carry a GRPO signal) — the reachability
+//! barrier in one line — plus `drift` (training progress without signal).
+//! An `expert()` rollout always succeeds.
+
+use std::collections::BTreeMap;
+
+use rand::Rng;
+use serde::Serialize;
+
+use crate::env::Task;
+use crate::guidance::host::{GuidanceHost, TaskResult, TaskView};
+use crate::guidance::rounds::{drive, DriveReport, Outcome, Request};
+use crate::guidance::{Clusters, ResolvedSpec};
+use crate::script::ScriptError;
+use crate::seed;
+
+/// Parameters of the synthetic learner and of the simulated run.
+#[derive(Debug, Clone, Serialize)]
+pub struct SimParams {
+    pub steps: usize,
+    pub tasks_per_step: usize,
+    pub group_size: usize,
+    pub clusters: usize,
+    pub max_rounds: usize,
+    pub seed: u64,
+    /// Initial skill (logit of success on a 0-step task).
+    pub skill: f64,
+    pub depth_gain: f64,
+    pub plan_gain: f64,
+    pub length_penalty: f64,
+    pub learn_rate: f64,
+    pub drift: f64,
+}
+
+impl Default for SimParams {
+    fn default() -> Self {
+        SimParams {
+            steps: 30,
+            tasks_per_step: 8,
+            group_size: 8,
+            clusters: 3,
+            max_rounds: 8,
+            seed: 0,
+            skill: 0.5,
+            depth_gain: 1.0,
+            plan_gain: 0.8,
+            length_penalty: 0.7,
+            learn_rate: 0.25,
+            drift: 0.0,
+        }
+    }
+}
+
+impl SimParams {
+    /// Success probability of one rollout.
+    pub fn p_success(&self, skill: f64, len: usize, spec: &ResolvedSpec) -> f64 {
+        if spec.expert {
+            return 1.0;
+        }
+        let l = len.max(1) as f64;
+        let n = spec.prefix as f64;
+        // Plan actions beyond the executed prefix ease the rest of the task.
+        let covered = (spec.plan.min(len) as f64 - n).max(0.0);
+        let z = skill + self.depth_gain * n / l
+            - self.length_penalty * (l - n - self.plan_gain * covered);
+        1.0 / (1.0 + (-z).exp())
+    }
+}
+
+/// A simulated rollout.
+#[derive(Debug, Clone)]
+pub struct SimEpisode {
+    pub spec: ResolvedSpec,
+    pub success: bool,
+}
+
+impl Outcome for SimEpisode {
+    fn success(&self) -> bool {
+        self.success
+    }
+    fn reward(&self) -> f64 {
+        f64::from(u8::from(self.success))
+    }
+    fn resolved(&self) -> ResolvedSpec {
+        self.spec
+    }
+}
+
+/// Depth statistics of one cluster in one step (training groups).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ClusterRow {
+    pub tasks: usize,
+    /// Mean and std of the executed depth ratio n/L over rollouts.
+    pub depth_mu: f64,
+    pub depth_sigma: f64,
+    pub plan_k: f64,
+    pub success: f64,
+    /// Executed depths n of the training rollouts, one per task (first
+    /// rollout), in task order.
+    pub depths: Vec<usize>,
+}
+
+/// One simulated step.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct SimRow {
+    pub step: usize,
+    /// Learner skill before the step, and its mean unguided success
+    /// probability over the panel.
+    pub skill: f64,
+    pub p_unguided: f64,
+    /// Success over training groups.
+    pub success: f64,
+    pub guided_frac: f64,
+    /// Rollouts generated, probes included, and probe rollouts alone.
+    pub rollouts: usize,
+    pub probes: usize,
+    pub rounds: f64,
+    pub frac_zero_std: f64,
+    pub clusters: BTreeMap<String, ClusterRow>,
+    pub metrics: BTreeMap<String, f64>,
+    pub errors: Vec<String>,
+}
+
+/// A whole simulation.
+#[derive(Debug, Clone, Serialize)]
+pub struct SimReport {
+    pub script: String,
+    pub params: SimParams,
+    pub rows: Vec<SimRow>,
+    pub mean_rollouts_per_step: f64,
+    pub final_p_unguided: f64,
+}
+
+fn mean(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        0.0
+    } else {
+        v.iter().sum::<f64>() / v.len() as f64
+    }
+}
+
+fn round4(x: f64) -> f64 {
+    (x * 1e4).round() / 1e4
+}
+
+/// Play `host`'s script over `panel` for `p.steps` steps.
+pub fn simulate(
+    host: &mut GuidanceHost,
+    panel: &[Task],
+    p: &SimParams,
+) -> Result<SimReport, ScriptError> {
+    let lens: Vec<usize> = panel.iter().map(|t| t.expert.len()).collect();
+    let clusters = Clusters::from_lengths(&lens, p.clusters);
+    host.init()?;
+    let mut skill = p.skill;
+    let mut rows = Vec::new();
+    for step in 0..p.steps {
+        let idx = seed::tasks_for_step(p.seed, panel.len(), p.tasks_per_step, step);
+        let views: Vec<TaskView> = idx
+            .iter()
+            .map(|&i| {
+                let t = &panel[i];
+                let h = host.history(&t.id);
+                TaskView {
+                    id: t.id.clone(),
+                    task_type: t.task_type.clone(),
+                    cluster: clusters.of(t.expert.len()) as i64,
+                    expert_len: t.expert.len() as i64,
+                    difficulty: t.difficulty as i64,
+                    visits: h.visits,
+                    last_success: h.last_success,
+                    step: step as i64,
+                    total_steps: p.steps as i64,
+                    group_size: p.group_size as i64,
+                }
+            })
+            .collect();
+        let mut rng = seed::rng(p.seed, &[seed::label("simulate"), step as u64]);
+        let sk = skill;
+        let mut exec =
+            |_: &mut GuidanceHost, reqs: &[Request]| -> Result<Vec<SimEpisode>, ScriptError> {
+                Ok(reqs
+                    .iter()
+                    .map(|r| {
+                        let len = lens[idx[r.task]];
+                        let spec = r.spec.resolve(len);
+                        let success = rng.random::<f64>() < p.sim_p(sk, len, &spec);
+                        SimEpisode { spec, success }
+                    })
+                    .collect())
+            };
+        let mut report = DriveReport::default();
+        let groups = drive(host, step, &views, p.max_rounds, &mut exec, &mut report)?;
+        let mut results = Vec::new();
+        let mut by_cluster: BTreeMap<String, Vec<(f64, f64, f64, usize)>> = BTreeMap::new();
+        let mut succ_all = Vec::new();
+        let mut guided = Vec::new();
+        let mut informative = 0usize;
+        for (v, g) in views.iter().zip(&groups) {
+            let tr: Vec<&SimEpisode> = g.training().map(|r| &r.ep).collect();
+            let s: Vec<f64> = tr.iter().map(|e| e.reward()).collect();
+            if s.iter().any(|&x| x > 0.0) && s.iter().any(|&x| x == 0.0) {
+                informative += 1;
+            }
+            succ_all.extend(s.iter().copied());
+            guided.extend(tr.iter().map(|e| f64::from(u8::from(e.spec.is_guided()))));
+            let len = v.expert_len.max(1) as f64;
+            let depths: Vec<f64> = tr.iter().map(|e| e.spec.prefix as f64).collect();
+            let entry = by_cluster.entry(v.cluster.to_string()).or_default();
+            for e in &tr {
+                entry.push((
+                    e.spec.prefix as f64 / len,
+                    e.spec.plan as f64,
+                    e.reward(),
+                    usize::MAX,
+                ));
+            }
+            if let Some(first) = tr.first() {
+                entry.push((f64::NAN, f64::NAN, f64::NAN, first.spec.prefix));
+            }
+            results.push(TaskResult {
+                id: v.id.clone(),
+                task_type: v.task_type.clone(),
+                cluster: v.cluster,
+                expert_len: v.expert_len,
+                depth: mean(&depths),
+                depth_ratio: mean(&depths) / len,
+                plan_k: mean(&tr.iter().map(|e| e.spec.plan as f64).collect::<Vec<_>>()),
+                guided: tr.iter().any(|e| e.spec.is_guided()),
+                rewards: s.clone(),
+                successes: tr.iter().map(|e| e.success).collect(),
+                success_rate: mean(&s),
+                rollouts: g.spent() as i64,
+                rounds: g.rounds as i64,
+            });
+        }
+        let frac_zero_std = 1.0 - informative as f64 / views.len().max(1) as f64;
+        let mut extra = BTreeMap::new();
+        extra.insert("skill".to_string(), skill);
+        let err = host.update(step, &results, &extra);
+        report.errors.extend(err);
+        host.end_step();
+        let effects = host.take_effects();
+        let p_unguided = mean(
+            &lens
+                .iter()
+                .map(|&l| p.sim_p(skill, l, &ResolvedSpec::default()))
+                .collect::<Vec<_>>(),
+        );
+        let clusters_row = by_cluster
+            .into_iter()
+            .map(|(k, v)| {
+                let d: Vec<f64> = v
+                    .iter()
+                    .filter(|x| x.3 == usize::MAX)
+                    .map(|x| x.0)
+                    .collect();
+                let mu = mean(&d);
+                let sd = (mean(&d.iter().map(|x| (x - mu).powi(2)).collect::<Vec<_>>())).sqrt();
+                let row = ClusterRow {
+                    tasks: v.iter().filter(|x| x.3 != usize::MAX).count(),
+                    depth_mu: round4(mu),
+                    depth_sigma: round4(sd),
+                    plan_k: round4(mean(
+                        &v.iter()
+                            .filter(|x| x.3 == usize::MAX)
+                            .map(|x| x.1)
+                            .collect::<Vec<_>>(),
+                    )),
+                    success: round4(mean(
+                        &v.iter()
+                            .filter(|x| x.3 == usize::MAX)
+                            .map(|x| x.2)
+                            .collect::<Vec<_>>(),
+                    )),
+                    depths: v
+                        .iter()
+                        .filter(|x| x.3 != usize::MAX)
+                        .map(|x| x.3)
+                        .collect(),
+                };
+                (k, row)
+            })
+            .collect();
+        rows.push(SimRow {
+            step,
+            skill: round4(skill),
+            p_unguided: round4(p_unguided),
+            success: round4(mean(&succ_all)),
+            guided_frac: round4(mean(&guided)),
+            rollouts: groups.iter().map(|g| g.spent()).sum(),
+            probes: groups.iter().map(|g| g.probes()).sum(),
+            rounds: round4(mean(
+                &groups.iter().map(|g| g.rounds as f64).collect::<Vec<_>>(),
+            )),
+            frac_zero_std: round4(frac_zero_std),
+            clusters: clusters_row,
+            metrics: effects
+                .metrics
+                .into_iter()
+                .map(|(k, v)| (k, round4(v)))
+                .collect(),
+            errors: report.errors.iter().map(|e| e.to_string()).collect(),
+        });
+        skill += p.learn_rate * (1.0 - frac_zero_std) + p.drift;
+    }
+    let final_p = mean(
+        &lens
+            .iter()
+            .map(|&l| p.sim_p(skill, l, &ResolvedSpec::default()))
+            .collect::<Vec<_>>(),
+    );
+    Ok(SimReport {
+        script: host.script().file(),
+        params: p.clone(),
+        mean_rollouts_per_step: round4(mean(
+            &rows.iter().map(|r| r.rollouts as f64).collect::<Vec<_>>(),
+        )),
+        final_p_unguided: round4(final_p),
+        rows,
+    })
+}
+
+impl SimParams {
+    fn sim_p(&self, skill: f64, len: usize, spec: &ResolvedSpec) -> f64 {
+        self.p_success(skill, len, spec)
+    }
+}
+
+/// The readable per-step table.
+pub fn table(r: &SimReport) -> String {
+    let mut keys: Vec<String> = Vec::new();
+    for row in &r.rows {
+        for k in row.clusters.keys() {
+            if !keys.contains(k) {
+                keys.push(k.clone());
+            }
+        }
+    }
+    keys.sort();
+    let mut s = String::new();
+    s.push_str(&format!("script {}\n", r.script));
+    s.push_str("step  skill  p0     succ   guided  rollouts  probes  rounds  zero_std");
+    for k in &keys {
+        s.push_str(&format!("  | c{k}: r mu±sd   k    depths"));
+    }
+    s.push('\n');
+    for row in &r.rows {
+        s.push_str(&format!(
+            "{:>4}  {:>5.2}  {:.3}  {:.3}  {:>6.3}  {:>8}  {:>6}  {:>6.2}  {:>8.3}",
+            row.step,
+            row.skill,
+            row.p_unguided,
+            row.success,
+            row.guided_frac,
+            row.rollouts,
+            row.probes,
+            row.rounds,
+            row.frac_zero_std
+        ));
+        for k in &keys {
+            match row.clusters.get(k) {
+                Some(c) => s.push_str(&format!(
+                    "  | {:.2}±{:.2} {:>4.1}  {:?}",
+                    c.depth_mu, c.depth_sigma, c.plan_k, c.depths
+                )),
+                None => s.push_str("  | -"),
+            }
+        }
+        s.push('\n');
+        for e in &row.errors {
+            s.push_str(&format!("      error: {e}\n"));
+        }
+    }
+    s.push_str(&format!(
+        "mean rollouts/step {:.1}; unguided success p0 {:.3} -> {:.3}\n",
+        r.mean_rollouts_per_step,
+        r.rows.first().map_or(0.0, |x| x.p_unguided),
+        r.final_p_unguided
+    ));
+    s
+}
+
+/// Errors of `simulate_file`.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    #[error(transparent)]
+    Script(#[from] ScriptError),
+    #[error(transparent)]
+    Panel(#[from] crate::env::panel::PanelError),
+}
+
+/// Load a guidance script and a task panel and simulate.
+pub fn simulate_file(
+    script: &std::path::Path,
+    panel: &std::path::Path,
+    p: &SimParams,
+) -> Result<SimReport, SimError> {
+    let tasks = crate::env::panel::read_jsonl(panel)?;
+    let mut host = GuidanceHost::new(script, p.seed)?;
+    Ok(simulate(&mut host, &tasks, p)?)
+}
