@@ -64,22 +64,19 @@ enum Cmd {
         max_rounds: usize,
         #[arg(long, default_value_t = 0)]
         seed: u64,
-        /// Learner: initial skill (logit).
-        #[arg(long, default_value_t = 0.5, allow_negative_numbers = true)]
-        skill: f64,
-        /// Learner: logit gain per unit of executed depth ratio.
-        #[arg(long, default_value_t = 1.0)]
-        depth_gain: f64,
-        /// Learner: fraction of a remaining action a plan action removes.
+        /// Learner: initial horizon (actions it chains on its own).
+        #[arg(long, default_value_t = 1.5)]
+        horizon: f64,
+        /// Learner: slope of success in (horizon - actions to play).
+        #[arg(long, default_value_t = 1.5)]
+        sharpness: f64,
+        /// Learner: fraction of an action a shown plan action takes off.
         #[arg(long, default_value_t = 0.8)]
         plan_gain: f64,
-        /// Learner: logit cost per remaining expert action.
-        #[arg(long, default_value_t = 0.7)]
-        length_penalty: f64,
-        /// Learner: skill gained per step at full GRPO signal.
-        #[arg(long, default_value_t = 0.25)]
+        /// Learner: horizon gained per step at full GRPO signal.
+        #[arg(long, default_value_t = 0.3)]
         learn_rate: f64,
-        /// Learner: skill gained per step regardless of signal.
+        /// Learner: horizon gained per step regardless of signal.
         #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
         drift: f64,
         /// Print JSON.
@@ -181,10 +178,9 @@ fn dispatch(cli: Cli) -> Result<()> {
             clusters,
             max_rounds,
             seed,
-            skill,
-            depth_gain,
+            horizon,
+            sharpness,
             plan_gain,
-            length_penalty,
             learn_rate,
             drift,
             json,
@@ -197,10 +193,9 @@ fn dispatch(cli: Cli) -> Result<()> {
                 clusters,
                 max_rounds,
                 seed,
-                skill,
-                depth_gain,
+                horizon,
+                sharpness,
                 plan_gain,
-                length_penalty,
                 learn_rate,
                 drift,
             };

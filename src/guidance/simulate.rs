@@ -2,15 +2,17 @@
 //! synthetic learner instead of a model, so a strategy's schedule and cost
 //! can be developed and snapshot-tested without training.
 //!
-//! The learner has one skill number. A rollout of a task with expert length
-//! L, executed prefix n and plan length k succeeds with probability
-//! σ(skill + depth_gain·n/L − length_penalty·(L − n − plan_gain·c)), c the
-//! plan actions beyond the prefix: deeper guidance helps, long tasks are
-//! hard. After each step the skill
-//! grows by `learn_rate` times the fraction of tasks whose training group
-//! had mixed outcomes (only those carry a GRPO signal) — the reachability
-//! barrier in one line — plus `drift` (training progress without signal).
-//! An `expert()` rollout always succeeds.
+//! The learner has a *horizon* h: how many actions it can chain on its
+//! own. A rollout of a task with expert length L, executed prefix n and a
+//! plan covering c of the remaining actions must play m = L − n −
+//! plan_gain·c actions itself and succeeds with probability
+//! σ(sharpness·(h − m)): deeper guidance helps, long tasks are hard. After
+//! each step the horizon grows by `learn_rate` per task whose training
+//! group had mixed outcomes (only those carry a GRPO signal), weighted by
+//! min(1, m / h) — practice near the frontier teaches most, far easier
+//! work little — plus `drift`. An `expert()` rollout always succeeds.
+//! This is the reachability barrier in a few lines: unguided groups of
+//! long tasks all fail and teach nothing.
 
 use std::collections::BTreeMap;
 
@@ -33,12 +35,15 @@ pub struct SimParams {
     pub clusters: usize,
     pub max_rounds: usize,
     pub seed: u64,
-    /// Initial skill (logit of success on a 0-step task).
-    pub skill: f64,
-    pub depth_gain: f64,
+    /// Initial horizon (actions the learner can chain on its own).
+    pub horizon: f64,
+    /// Slope of success in (horizon − actions to play).
+    pub sharpness: f64,
+    /// Fraction of an action a shown plan action takes off the learner.
     pub plan_gain: f64,
-    pub length_penalty: f64,
+    /// Horizon gained per step at full GRPO signal.
     pub learn_rate: f64,
+    /// Horizon gained per step regardless of signal.
     pub drift: f64,
 }
 
@@ -51,28 +56,30 @@ impl Default for SimParams {
             clusters: 3,
             max_rounds: 8,
             seed: 0,
-            skill: 0.5,
-            depth_gain: 1.0,
+            horizon: 1.5,
+            sharpness: 1.5,
             plan_gain: 0.8,
-            length_penalty: 0.7,
-            learn_rate: 0.25,
+            learn_rate: 0.3,
             drift: 0.0,
         }
     }
 }
 
 impl SimParams {
+    /// Actions the learner must play itself.
+    pub fn to_play(&self, len: usize, spec: &ResolvedSpec) -> f64 {
+        let n = spec.prefix.min(len) as f64;
+        // Plan actions beyond the executed prefix ease the rest.
+        let covered = (spec.plan.min(len) as f64 - n).max(0.0);
+        (len as f64 - n - self.plan_gain * covered).max(0.0)
+    }
+
     /// Success probability of one rollout.
-    pub fn p_success(&self, skill: f64, len: usize, spec: &ResolvedSpec) -> f64 {
+    pub fn p_success(&self, horizon: f64, len: usize, spec: &ResolvedSpec) -> f64 {
         if spec.expert {
             return 1.0;
         }
-        let l = len.max(1) as f64;
-        let n = spec.prefix as f64;
-        // Plan actions beyond the executed prefix ease the rest of the task.
-        let covered = (spec.plan.min(len) as f64 - n).max(0.0);
-        let z = skill + self.depth_gain * n / l
-            - self.length_penalty * (l - n - self.plan_gain * covered);
+        let z = self.sharpness * (horizon - self.to_play(len, spec));
         1.0 / (1.0 + (-z).exp())
     }
 }
@@ -114,7 +121,7 @@ pub struct ClusterRow {
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct SimRow {
     pub step: usize,
-    /// Learner skill before the step, and its mean unguided success
+    /// Learner horizon before the step, and its mean unguided success
     /// probability over the panel.
     pub skill: f64,
     pub p_unguided: f64,
@@ -162,7 +169,7 @@ pub fn simulate(
     let lens: Vec<usize> = panel.iter().map(|t| t.expert.len()).collect();
     let clusters = Clusters::from_lengths(&lens, p.clusters);
     host.init()?;
-    let mut skill = p.skill;
+    let mut skill = p.horizon;
     let mut rows = Vec::new();
     for step in 0..p.steps {
         let idx = seed::tasks_for_step(p.seed, panel.len(), p.tasks_per_step, step);
@@ -206,11 +213,20 @@ pub fn simulate(
         let mut succ_all = Vec::new();
         let mut guided = Vec::new();
         let mut informative = 0usize;
+        let mut signal = 0.0f64;
         for (v, g) in views.iter().zip(&groups) {
             let tr: Vec<&SimEpisode> = g.training().map(|r| &r.ep).collect();
             let s: Vec<f64> = tr.iter().map(|e| e.reward()).collect();
             if s.iter().any(|&x| x > 0.0) && s.iter().any(|&x| x == 0.0) {
                 informative += 1;
+                let len = v.expert_len.max(0) as usize;
+                let m = mean(
+                    &tr.iter()
+                        .filter(|e| !e.spec.expert)
+                        .map(|e| p.to_play(len, &e.spec))
+                        .collect::<Vec<_>>(),
+                );
+                signal += (m / skill.max(1e-9)).min(1.0);
             }
             succ_all.extend(s.iter().copied());
             guided.extend(tr.iter().map(|e| f64::from(u8::from(e.spec.is_guided()))));
@@ -312,7 +328,7 @@ pub fn simulate(
                 .collect(),
             errors: report.errors.iter().map(|e| e.to_string()).collect(),
         });
-        skill += p.learn_rate * (1.0 - frac_zero_std) + p.drift;
+        skill += p.learn_rate * signal / views.len().max(1) as f64 + p.drift;
     }
     let final_p = mean(
         &lens
@@ -350,14 +366,14 @@ pub fn table(r: &SimReport) -> String {
     keys.sort();
     let mut s = String::new();
     s.push_str(&format!("script {}\n", r.script));
-    s.push_str("step  skill  p0     succ   guided  rollouts  probes  rounds  zero_std");
+    s.push_str("step  horizon  p0     succ   guided  rollouts  probes  rounds  zero_std");
     for k in &keys {
         s.push_str(&format!("  | c{k}: r mu±sd   k    depths"));
     }
     s.push('\n');
     for row in &r.rows {
         s.push_str(&format!(
-            "{:>4}  {:>5.2}  {:.3}  {:.3}  {:>6.3}  {:>8}  {:>6}  {:>6.2}  {:>8.3}",
+            "{:>4}  {:>7.2}  {:.3}  {:.3}  {:>6.3}  {:>8}  {:>6}  {:>6.2}  {:>8.3}",
             row.step,
             row.skill,
             row.p_unguided,

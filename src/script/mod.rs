@@ -166,12 +166,7 @@ fn engine_with(handles: &HostHandles, imports: Option<ImportResolver>) -> Engine
                     .and_then(|m| m.id())
                     .or(ctx.source())
                     .unwrap_or("");
-                Ok(consts
-                    .read()
-                    .expect("constants lock")
-                    .get(file)
-                    .and_then(|t| t.get(name))
-                    .cloned())
+                Ok(consts.read().expect("constants lock").get(file, name))
             });
             engine.set_module_resolver(r)
         }
@@ -245,6 +240,8 @@ fn engine_with(handles: &HostHandles, imports: Option<ImportResolver>) -> Engine
 #[derive(Debug, Default)]
 struct ImportLog {
     files: Vec<(PathBuf, String)>,
+    /// Functions of each imported file, in first-import order.
+    asts: Vec<(String, AST)>,
     error: Option<ScriptError>,
 }
 
@@ -294,6 +291,12 @@ impl rhai::ModuleResolver for ImportResolver {
         }
         let name = file.display().to_string();
         let ast = compile_with_constants(engine, &self.consts, &name, &source).map_err(fail)?;
+        {
+            let mut log = self.log.lock().expect("import log");
+            if !log.asts.iter().any(|(f, _)| f == &name) {
+                log.asts.push((name.clone(), ast.clone_functions_only()));
+            }
+        }
         let module = rhai::Module::eval_ast_as_new(Scope::new(), &ast, engine)
             .map_err(|e| fail(ScriptError::from_eval(&name, &e)))?;
         Ok(module.into())
@@ -301,7 +304,35 @@ impl rhai::ModuleResolver for ImportResolver {
 }
 
 /// Top-level constants of each file of a script version, by file name.
-type ConstTable = Arc<RwLock<HashMap<String, HashMap<String, Dynamic>>>>;
+#[derive(Default)]
+struct Consts {
+    by_file: HashMap<String, HashMap<String, Dynamic>>,
+    /// The main file, and its imports in first-import order: functions of
+    /// the main file (imported ones included, see [`Script::compile`]) see
+    /// the main file's constants first, then those of later imports before
+    /// earlier ones — so a script overrides an imported strategy's knobs by
+    /// defining them itself.
+    main: String,
+    imports: Vec<String>,
+}
+
+impl Consts {
+    fn get(&self, file: &str, name: &str) -> Option<Dynamic> {
+        if let Some(v) = self.by_file.get(file).and_then(|t| t.get(name)) {
+            return Some(v.clone());
+        }
+        if file != self.main {
+            return None;
+        }
+        self.imports
+            .iter()
+            .rev()
+            .find_map(|f| self.by_file.get(f).and_then(|t| t.get(name)))
+            .cloned()
+    }
+}
+
+type ConstTable = Arc<RwLock<Consts>>;
 
 /// Compile `source` and run its top-level statements once, recording its
 /// constants. Rhai functions cannot read top-level variables; the engine's
@@ -330,6 +361,7 @@ fn compile_with_constants(
     consts
         .write()
         .expect("constants lock")
+        .by_file
         .insert(file.to_string(), table);
     Ok(ast)
 }
@@ -403,7 +435,25 @@ impl Script {
         let import_error = |e: ScriptError| -> ScriptError {
             log.lock().expect("import log").error.take().unwrap_or(e)
         };
-        let ast = compile_with_constants(&engine, &consts, &file, &source).map_err(import_error)?;
+        consts.write().expect("constants lock").main = file.clone();
+        let main_ast =
+            compile_with_constants(&engine, &consts, &file, &source).map_err(import_error)?;
+        // `import "guidance/gaussian";` makes the imported file's functions
+        // this script's own (the script's definitions win), so a one-line
+        // script is a bundled strategy; namespaced calls (`g::plan(..)`)
+        // work as well.
+        let mut ast = AST::empty();
+        {
+            let mut log = log.lock().expect("import log");
+            let mut c = consts.write().expect("constants lock");
+            for (f, a) in &log.asts {
+                ast = ast.merge(a);
+                c.imports.push(f.clone());
+            }
+            log.asts.clear();
+        }
+        let mut ast = ast.merge(&main_ast);
+        ast.set_source(file.as_str());
         let fns: Vec<(String, usize)> = ast
             .iter_functions()
             .map(|f| (f.name.to_string(), f.params.len()))
