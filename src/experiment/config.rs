@@ -173,7 +173,7 @@ pub struct TrainerSection {
     /// Auxiliary NLL weight η on executed expert prefix actions.
     pub aux_nll_coef: f64,
     /// How turns under a plan or hint are trained: "internalize"
-    /// (ActGuide-RL), "on_policy" or "dual"; `plan(k, loss)` overrides.
+    /// (ActGuide-RL), "on_policy" or "dual"; `plan(k).with_loss(..)` overrides.
     pub plan_loss: String,
     /// Weight of the unguided off-policy term in the `dual` mode.
     pub dual_weight: f64,

@@ -453,7 +453,9 @@ impl GuidanceHost {
         ));
         let g = &self.guidance;
         let out = g.call("plan", (to_dynamic(task), g.state.clone()));
-        match out.and_then(|v| specs_from(&g.script.file(), "plan()", v, r)) {
+        match out.and_then(|v| {
+            specs_from(&g.script.file(), "plan()", v, r).map_err(|e| at_fn(&g.script, "plan", e))
+        }) {
             Ok(specs) => (specs, None),
             Err(e) => (
                 vec![GuidanceSpec::None; r],
@@ -490,7 +492,10 @@ impl GuidanceHost {
         let g = &self.guidance;
         let file = g.script.file();
         let out = g.call("review", (to_dynamic(task), group.clone(), g.state.clone()));
-        match out.and_then(|v| review_from(&file, v, task.group_size.max(1) as usize)) {
+        match out.and_then(|v| {
+            review_from(&file, v, task.group_size.max(1) as usize)
+                .map_err(|e| at_fn(&g.script, "review", e))
+        }) {
             Ok(r) => (r, None),
             Err(e) => (Review::Accept, Some(self.failed(Role::Guidance, e))),
         }
@@ -565,7 +570,7 @@ impl GuidanceHost {
         let s = self.reward.as_ref().expect("checked");
         let file = s.script.file();
         let out = s.call("reward", (to_dynamic(ep), s.state.clone()));
-        match out.and_then(|v| number_from(&file, v)) {
+        match out.and_then(|v| number_from(&file, v).map_err(|e| at_fn(&s.script, "reward", e))) {
             Ok(x) => (Some(x), None),
             Err(e) => (None, Some(self.failed(Role::Reward, e))),
         }
@@ -598,7 +603,9 @@ impl GuidanceHost {
         let s = self.intervene.as_ref().expect("checked");
         let file = s.script.file();
         let out = s.call("intervene", (to_dynamic(turn), s.state.clone()));
-        match out.and_then(|v| intervention_from(&file, v)) {
+        match out
+            .and_then(|v| intervention_from(&file, v).map_err(|e| at_fn(&s.script, "intervene", e)))
+        {
             Ok(x) => (x, None),
             Err(e) => (Intervention::Nothing, Some(self.failed(Role::Intervene, e))),
         }
@@ -669,7 +676,8 @@ fn trial(role: Role, s: &Script, sample: &TaskView, state: Dynamic) -> Result<()
         Role::Guidance => {
             if s.has_fn("plan", 2) {
                 let v = s.call("plan", (to_dynamic(sample), state))?;
-                specs_from(&file, "plan()", v, sample.group_size.max(1) as usize)?;
+                specs_from(&file, "plan()", v, sample.group_size.max(1) as usize)
+                    .map_err(|e| at_fn(s, "plan", e))?;
             }
         }
         Role::Reward => {
@@ -688,7 +696,8 @@ fn trial(role: Role, s: &Script, sample: &TaskView, state: Dynamic) -> Result<()
                     actions: vec!["look".into()],
                     error: false,
                 };
-                number_from(&file, s.call("reward", (to_dynamic(&ep), state))?)?;
+                number_from(&file, s.call("reward", (to_dynamic(&ep), state))?)
+                    .map_err(|e| at_fn(s, "reward", e))?;
             }
         }
         Role::Intervene => {
@@ -705,11 +714,23 @@ fn trial(role: Role, s: &Script, sample: &TaskView, state: Dynamic) -> Result<()
                     prefix: 0,
                     plan_k: 0,
                 };
-                intervention_from(&file, s.call("intervene", (to_dynamic(&t), state))?)?;
+                intervention_from(&file, s.call("intervene", (to_dynamic(&t), state))?)
+                    .map_err(|e| at_fn(s, "intervene", e))?;
             }
         }
     }
     Ok(())
+}
+
+/// A wrong return value of entry point `name`: positioned at its
+/// definition.
+fn at_fn(s: &Script, name: &str, e: ScriptError) -> ScriptError {
+    if e.line > 0 {
+        return e;
+    }
+    let mut at = s.fn_position(name);
+    at.msg = e.msg;
+    at
 }
 
 fn type_error(file: &str, msg: String) -> ScriptError {

@@ -260,3 +260,142 @@ pub fn group_view<E: Outcome>(tr: &TaskRounds<E>) -> Dynamic {
     m.insert("spent".into(), Dynamic::from(tr.all.len() as i64));
     Dynamic::from_map(m)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::guidance::simulate::SimEpisode;
+    use std::io::Write;
+
+    fn host(src: &str) -> (GuidanceHost, tempfile::NamedTempFile) {
+        let mut f = tempfile::Builder::new().suffix(".rhai").tempfile().unwrap();
+        f.write_all(src.as_bytes()).unwrap();
+        (GuidanceHost::new(f.path(), 1).unwrap(), f)
+    }
+
+    fn view(id: &str) -> TaskView {
+        TaskView {
+            id: id.into(),
+            task_type: "pick_and_place".into(),
+            cluster: 0,
+            expert_len: 6,
+            difficulty: 6,
+            visits: 0,
+            last_success: -1.0,
+            step: 0,
+            total_steps: 10,
+            group_size: 4,
+        }
+    }
+
+    /// Succeeds iff the executed prefix is at least 3 (or the spec is
+    /// expert()); records every batch it was asked to run.
+    fn run(
+        h: &mut GuidanceHost,
+        views: &[TaskView],
+        max_rounds: usize,
+    ) -> (Vec<TaskRounds<SimEpisode>>, Vec<usize>, DriveReport) {
+        let mut batches = Vec::new();
+        let mut exec = |_: &mut GuidanceHost, reqs: &[Request]| -> Result<Vec<SimEpisode>, ()> {
+            batches.push(reqs.len());
+            Ok(reqs
+                .iter()
+                .map(|r| {
+                    let spec = r.spec.resolve(6);
+                    SimEpisode {
+                        spec,
+                        success: spec.expert || spec.prefix >= 3,
+                    }
+                })
+                .collect())
+        };
+        let mut report = DriveReport::default();
+        let g = drive(h, 0, views, max_rounds, &mut exec, &mut report).unwrap();
+        (g, batches, report)
+    }
+
+    #[test]
+    fn probes_are_seen_replace_swaps_the_group_and_rounds_are_batched() {
+        // Hard task: probe prefix(3) with 2 rollouts, then replace with 4.
+        let (mut h, _f) = host(
+            r#"
+            fn plan(task, state) { none() }
+            fn review(task, group, state) {
+                if group.round == 0 && group.successes == 0 {
+                    return #{ guidance: prefix(3), rollouts: 2, mode: "probe" };
+                }
+                if group.round == 1 {
+                    state.probe_rate = group.rounds[1].rate;
+                    return #{ guidance: prefix(4), mode: "replace" };
+                }
+            }
+            "#,
+        );
+        let (g, batches, report) = run(&mut h, &[view("a"), view("b")], 8);
+        assert!(report.errors.is_empty(), "{:?}", report.errors);
+        // Both tasks' rounds run in the same batches: 8, then 2 + 2, then 4 + 4.
+        assert_eq!(batches, vec![8, 4, 8]);
+        for t in &g {
+            assert_eq!((t.rounds, t.spent(), t.probes()), (3, 10, 2));
+            let group: Vec<_> = t.training().collect();
+            assert_eq!(group.len(), 4);
+            assert!(group.iter().all(|r| r.round == 2 && r.ep.success));
+        }
+        assert_eq!(h.state_json()["probe_rate"], 1.0);
+    }
+
+    #[test]
+    fn append_keep_and_select() {
+        let (mut h, _f) = host(
+            r#"
+            fn plan(task, state) { [none(), none()] }
+            fn review(task, group, state) {
+                switch group.round {
+                    0 => #{ guidance: [prefix(3), prefix(5)], mode: "append" },
+                    1 => #{ guidance: prefix(1), rollouts: 1, mode: "probe", keep: true },
+                    _ => ()
+                }
+            }
+            "#,
+        );
+        let (g, _, report) = run(&mut h, &[view("a")], 8);
+        assert!(report.errors.is_empty(), "{:?}", report.errors);
+        let t = &g[0];
+        // Round 0 (2) + appended round 1 (2) + kept probe (1).
+        assert_eq!(t.training().count(), 5);
+        assert_eq!(t.probes(), 1);
+        let (mut h, _f) = host(
+            r#"
+            fn plan(task, state) { prefix(4) }
+            fn review(task, group, state) {
+                if group.round == 0 { #{ guidance: none(), mode: "probe" } } else { #{ select: 0 } }
+            }
+            "#,
+        );
+        let (g, _, _) = run(&mut h, &[view("a")], 8);
+        assert!(g[0]
+            .training()
+            .all(|r| r.round == 0 && r.ep.spec.prefix == 4));
+        assert_eq!(g[0].spent(), 8);
+    }
+
+    #[test]
+    fn rounds_are_bounded_and_bad_requests_are_errors() {
+        let (mut h, _f) = host(
+            "fn review(task, group, state) { #{ guidance: none(), rollouts: 1, mode: \"probe\" } }",
+        );
+        let (g, _, report) = run(&mut h, &[view("a")], 3);
+        assert_eq!(g[0].rounds, 4);
+        assert!(g[0].bounded);
+        assert_eq!(report.bound_hits, 1);
+        let (mut h, _f) =
+            host("fn review(task, group, state) { #{ guidance: none(), mode: \"twice\" } }");
+        let (g, _, report) = run(&mut h, &[view("a")], 3);
+        assert_eq!(g[0].rounds, 1);
+        assert!(
+            report.errors[0].msg.contains("unknown mode \"twice\""),
+            "{:?}",
+            report.errors
+        );
+    }
+}

@@ -15,7 +15,8 @@ pub enum GuidanceSpec {
     /// Prefix depth as a ratio of the expert length (Agent-G²'s r_i).
     PrefixRatio { r: f64 },
     /// The first `k` expert actions are shown in the prompt as a plan;
-    /// `loss` overrides the experiment's plan loss for these rollouts.
+    /// `loss` (`plan(k).with_loss("dual")`) overrides the experiment's plan
+    /// loss for these rollouts.
     Plan { k: i64, loss: PlanLoss },
     /// The full expert trajectory as an off-policy sample (LUFFY).
     Expert,
@@ -123,7 +124,9 @@ impl std::fmt::Display for GuidanceSpec {
                 k,
                 loss: PlanLoss::Default,
             } => write!(f, "plan({k})"),
-            GuidanceSpec::Plan { k, loss } => write!(f, "plan({k}, \"{}\")", loss.name()),
+            GuidanceSpec::Plan { k, loss } => {
+                write!(f, "plan({k}).with_loss(\"{}\")", loss.name())
+            }
             GuidanceSpec::Expert => write!(f, "expert()"),
         }
     }
@@ -150,13 +153,18 @@ pub fn register(engine: &mut Engine) {
             k: k.round() as i64,
             loss: PlanLoss::Default,
         })
+        // `plan(k).with_loss("dual")`: a two-argument `plan` would be
+        // shadowed by the script's own entry point plan(task, state).
         .register_fn(
-            "plan",
-            |k: i64, loss: &str| -> Result<GuidanceSpec, Box<rhai::EvalAltResult>> {
-                let loss = PlanLoss::parse(loss).ok_or_else(|| {
-                    format!("plan(k, loss): loss must be \"on_policy\", \"internalize\" or \"dual\", got \"{loss}\"")
+            "with_loss",
+            |s: &mut GuidanceSpec, loss: &str| -> Result<GuidanceSpec, Box<rhai::EvalAltResult>> {
+                let parsed = PlanLoss::parse(loss).ok_or_else(|| {
+                    format!("with_loss: loss must be \"on_policy\", \"internalize\" or \"dual\", got \"{loss}\"")
                 })?;
-                Ok(GuidanceSpec::Plan { k, loss })
+                match *s {
+                    GuidanceSpec::Plan { k, .. } => Ok(GuidanceSpec::Plan { k, loss: parsed }),
+                    other => Err(format!("with_loss applies to plan(k) specs, not {other}").into()),
+                }
             },
         )
         .register_fn("expert", || GuidanceSpec::Expert)

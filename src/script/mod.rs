@@ -154,6 +154,9 @@ fn engine_with(handles: &HostHandles, imports: Option<ImportResolver>) -> Engine
     // No dynamic code in strategy scripts: `eval` could bypass the
     // compile-time checks and positions.
     engine.disable_symbol("eval");
+    // A misspelt field of a task, group or batch view is an error, not a
+    // silent `()` that fails later with a cryptic message.
+    engine.set_fail_on_invalid_map_property(true);
     match imports {
         Some(r) => {
             let consts = r.consts.clone();
@@ -276,12 +279,12 @@ impl rhai::ModuleResolver for ImportResolver {
             EvalAltResult::ErrorModuleNotFound(format!("{path} ({msg})"), pos).into()
         };
         let source = std::fs::read_to_string(&file).map_err(|e| {
-            fail(ScriptError {
-                file: file.display().to_string(),
-                line: 0,
-                col: 0,
-                msg: format!("cannot read imported script `{path}`: {e}"),
-            })
+            // Point at the import statement of the importing file.
+            fail(ScriptError::new(
+                _source.unwrap_or("-"),
+                pos,
+                format!("cannot import \"{path}\" ({}): {e}", file.display()),
+            ))
         })?;
         {
             let mut log = self.log.lock().expect("import log");
@@ -506,7 +509,49 @@ impl Script {
             .in_all_namespaces(true);
         self.engine
             .call_fn_with_options::<Dynamic>(opts, &mut Scope::new(), &self.empty, name, args)
-            .map_err(|e| ScriptError::from_eval(&self.file(), &e))
+            .map_err(|e| {
+                let e = ScriptError::from_eval(&self.file(), &e);
+                if e.line > 0 {
+                    return e;
+                }
+                // No position (e.g. the operation limit): point at the
+                // entry point's definition.
+                let mut at = self.fn_position(name);
+                at.msg = format!("in fn {name}: {}", e.msg);
+                at
+            })
+    }
+
+    /// Where `fn name(` is defined: in the script, else in its imports
+    /// (line 0 if not found).
+    pub fn fn_position(&self, name: &str) -> ScriptError {
+        let files = std::iter::once((self.path.clone(), &self.source))
+            .chain(self.imports.iter().map(|(p, s)| (p.clone(), s)));
+        for (path, src) in files {
+            for (i, line) in src.lines().enumerate() {
+                let t = line.trim_start();
+                if let Some(rest) = t.strip_prefix("fn ") {
+                    if rest.trim_start().starts_with(name)
+                        && rest.trim_start()[name.len()..]
+                            .trim_start()
+                            .starts_with('(')
+                    {
+                        return ScriptError {
+                            file: path.display().to_string(),
+                            line: i + 1,
+                            col: line.len() - t.len() + 1,
+                            msg: String::new(),
+                        };
+                    }
+                }
+            }
+        }
+        ScriptError {
+            file: self.file(),
+            line: 0,
+            col: 0,
+            msg: String::new(),
+        }
     }
 }
 

@@ -556,6 +556,7 @@ mod tests {
             action_ids: vec![7, 3],
             logprobs: if prefix { vec![] } else { vec![-1.0, -0.5] },
             prefix,
+            off_policy: false,
             valid: true,
             action: "look".into(),
         };
@@ -571,6 +572,10 @@ mod tests {
             invalid: 0,
             policy_turns: 1,
             error: None,
+            hints: 0,
+            stopped: false,
+            actions: vec![],
+            expert_match: 0,
         };
         let s = build_samples(std::slice::from_ref(&ep), &[0.5], &SampleOptions::default());
         assert_eq!(s.len(), 1);
@@ -587,5 +592,146 @@ mod tests {
         );
         assert_eq!(s.iter().filter(|x| x.aux).count(), 2);
         assert!(s.iter().filter(|x| x.aux).all(|x| x.aux_weight == 0.5));
+    }
+
+    fn guided_episode(loss: PlanLoss) -> Episode {
+        use crate::guidance::ResolvedSpec;
+        use crate::rollout::Turn;
+        Episode {
+            task_id: "t".into(),
+            spec: ResolvedSpec {
+                plan: 2,
+                plan_loss: loss,
+                ..Default::default()
+            },
+            turns: vec![Turn {
+                prompt_ids: vec![2, 9, 9, 5],
+                unguided_prompt_ids: Some(vec![2, 5]),
+                action_ids: vec![7, 3],
+                logprobs: vec![-0.7, -0.2],
+                prefix: false,
+                off_policy: false,
+                valid: true,
+                action: "look".into(),
+            }],
+            success: true,
+            reward: 1.0,
+            invalid: 0,
+            policy_turns: 1,
+            error: None,
+            hints: 0,
+            stopped: false,
+            actions: vec![],
+            expert_match: 0,
+        }
+    }
+
+    #[test]
+    fn plan_losses_pick_the_context_of_the_guided_tokens() {
+        let o = SampleOptions::default();
+        // Internalised (the default): unguided prompt, guided behaviour log-probs.
+        let s = build_samples(&[guided_episode(PlanLoss::Default)], &[1.0], &o);
+        assert_eq!(s.len(), 1);
+        assert_eq!(s[0].seq, vec![2, 5, 7, 3]);
+        assert_eq!(s[0].targets, vec![2, 3]);
+        assert_eq!(s[0].old_logp, vec![-0.7, -0.2]);
+        // On-policy under the guided prompt, chosen per spec.
+        let s = build_samples(&[guided_episode(PlanLoss::OnPolicy)], &[1.0], &o);
+        assert_eq!(s[0].seq, vec![2, 9, 9, 5, 7, 3]);
+        // Dual: both, the unguided one weighted.
+        let s = build_samples(&[guided_episode(PlanLoss::Dual)], &[1.0], &o);
+        assert_eq!(s.len(), 2);
+        assert_eq!((s[0].seq.len(), s[0].weight), (6, 1.0));
+        assert_eq!((s[1].seq.len(), s[1].weight), (4, 0.1));
+        // The experiment default applies when the spec does not choose.
+        let on = SampleOptions {
+            plan_loss: PlanLoss::OnPolicy,
+            ..o
+        };
+        let s = build_samples(&[guided_episode(PlanLoss::Default)], &[1.0], &on);
+        assert_eq!(s[0].seq.len(), 6);
+    }
+
+    #[test]
+    fn forced_prefix_tokens_are_protected_from_negative_advantage() {
+        use crate::guidance::ResolvedSpec;
+        use crate::rollout::Turn;
+        let mut ep = guided_episode(PlanLoss::Default);
+        ep.spec = ResolvedSpec {
+            prefix: 1,
+            ..Default::default()
+        };
+        ep.turns = vec![Turn {
+            prompt_ids: vec![2, 5],
+            unguided_prompt_ids: None,
+            action_ids: vec![7, 3],
+            logprobs: vec![],
+            prefix: true,
+            off_policy: false,
+            valid: true,
+            action: "look".into(),
+        }];
+        let o = SampleOptions {
+            train_prefix: true,
+            ..Default::default()
+        };
+        let s = build_samples(std::slice::from_ref(&ep), &[-1.5], &o);
+        assert_eq!(s.len(), 1);
+        assert!(s[0].forced && !s[0].aux);
+        assert_eq!(s[0].advantage, 0.0);
+        let s = build_samples(std::slice::from_ref(&ep), &[0.5], &o);
+        assert_eq!(s[0].advantage, 0.5);
+        let unprotected = SampleOptions {
+            protect_forced: false,
+            ..o
+        };
+        let s = build_samples(&[ep], &[-1.5], &unprotected);
+        assert_eq!(s[0].advantage, -1.5);
+    }
+
+    #[test]
+    fn luffy_loss_is_shaped_and_unclipped() {
+        let dev = Device::Cpu;
+        let gamma = 0.1;
+        for (p, a) in [(0.05f32, 1.0f32), (0.9, 1.0), (0.3, -2.0)] {
+            let lp = Var::new(&[p.ln()], &dev).unwrap();
+            let adv = Tensor::new(&[a], &dev).unwrap();
+            let l = luffy_token_loss(lp.as_tensor(), &adv, gamma).unwrap();
+            let g = l.sum_all().unwrap().backward().unwrap();
+            let grad = g.get(lp.as_tensor()).unwrap().to_vec1::<f32>().unwrap()[0];
+            let x = p as f64;
+            let want_l = -(a as f64) * x / (x + gamma);
+            // d/dlogp of -A x/(x+g) = -A g x / (x+g)^2
+            let want_g = -(a as f64) * gamma * x / (x + gamma).powi(2);
+            let got_l = l.to_vec1::<f32>().unwrap()[0] as f64;
+            assert!((got_l - want_l).abs() < 1e-5, "{got_l} {want_l}");
+            assert!((grad as f64 - want_g).abs() < 1e-5, "{grad} {want_g}");
+        }
+        // A low-probability expert token keeps a large gradient relative to
+        // its probability (plain x would give d/dlogp = x).
+        let x = 0.01f64;
+        assert!(gamma * x / (x + gamma).powi(2) > 0.8 * x);
+    }
+
+    #[test]
+    fn off_policy_expert_turns_become_luffy_samples() {
+        use crate::rollout::Turn;
+        let mut ep = guided_episode(PlanLoss::Default);
+        ep.spec.expert = true;
+        ep.spec.plan = 0;
+        ep.turns = vec![Turn {
+            prompt_ids: vec![2, 5],
+            unguided_prompt_ids: None,
+            action_ids: vec![7, 3],
+            logprobs: vec![],
+            prefix: false,
+            off_policy: true,
+            valid: true,
+            action: "look".into(),
+        }];
+        let s = build_samples(&[ep], &[0.8], &SampleOptions::default());
+        assert_eq!(s.len(), 1);
+        assert!(s[0].off_policy && !s[0].aux && !s[0].forced);
+        assert_eq!(s[0].advantage, 0.8);
     }
 }
