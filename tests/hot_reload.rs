@@ -1,49 +1,59 @@
-//! Hot reload: a guidance script edited during a real (tiny) training run
-//! takes effect at the next step; a broken edit keeps the last good version
+//! Hot reload: scripts edited during a real (tiny) training run take effect
+//! at the next step; broken edits (syntax errors, runtime errors, endless
+//! loops) keep the last good version, are reported with their position,
 //! and the run goes on.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use actguide::experiment::{self, Event, Experiment, RunOptions};
+use actguide::experiment::{self, Event, Experiment, RunOptions, RunSummary};
 use serde_json::Value;
 
-const V1: &str = "const RATIO = 0.9;\nfn plan(task, state) { prefix_ratio(RATIO) }\n";
-const V2: &str = "const RATIO = 0.0;\nfn plan(task, state) { prefix_ratio(RATIO) }\n";
-const BROKEN: &str = "const RATIO = 0.5;\nfn plan(task, state) { prefix_ratio(RATIO }\n";
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
 
-#[test]
-fn edits_take_effect_at_the_next_step_and_broken_edits_are_rejected() {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let tmp = tempfile::tempdir().unwrap();
-    let script = tmp.path().join("guidance.rhai");
-    std::fs::write(&script, V1).unwrap();
+/// Editor-style save: write a temp file and rename it over, then give the
+/// watcher time to see it before the next step starts.
+fn save(path: &Path, text: &str) {
+    let tmp = path.with_extension("rhai.tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+    std::thread::sleep(Duration::from_millis(400));
+}
+
+/// Run a tiny experiment with `script`; `edit(step)` runs after each step.
+fn run_with_edits(
+    tmp: &Path,
+    script: &Path,
+    steps: usize,
+    group: usize,
+    mut edit: impl FnMut(usize),
+) -> (
+    RunSummary,
+    Vec<Value>,
+    Vec<(usize, Result<String, String>)>,
+    Vec<String>,
+) {
+    let r = root();
     let src = format!(
-        r#"#{{ name: "hot", seed: 5, steps: 4, runs_dir: "{runs}",
+        r#"#{{ name: "hot", seed: 5, steps: {steps}, runs_dir: "{runs}",
              model: #{{ path: "{r}/models/tiny" }},
-             env: #{{ train: "{r}/envs/household/train.jsonl", test: "{r}/envs/household/test.jsonl", max_steps: 4 }},
+             env: #{{ train: "{r}/envs/household/train.jsonl", test: "{r}/envs/household/test.jsonl", max_steps: 4, step_slack: 1 }},
              guidance: #{{ script: "{s}" }},
-             rollout: #{{ tasks_per_step: 2, group_size: 2 }},
+             rollout: #{{ tasks_per_step: 2, group_size: {group}, show_actions: false, history: 1 }},
              evaluation: #{{ every: 0, max_tasks: 2 }}, checkpoint: #{{ every: 0 }} }}"#,
-        runs = tmp.path().join("runs").display(),
-        r = root.display(),
+        runs = tmp.join("runs").display(),
+        r = r.display(),
         s = script.display(),
     );
     let exp = Experiment::from_source("hot.rhai", &src).unwrap();
     let mut reloads = Vec::new();
+    let mut errors = Vec::new();
     let summary = experiment::run(exp, &RunOptions::default(), &mut |ev| match ev {
-        Event::Step { step: 0, .. } => {
-            // Editor-style save: write a temp file and rename it over.
-            let tmpf = script.with_extension("rhai.tmp");
-            std::fs::write(&tmpf, V2).unwrap();
-            std::fs::rename(&tmpf, &script).unwrap();
-            std::thread::sleep(Duration::from_millis(400));
-        }
-        Event::Step { step: 1, .. } => {
-            std::fs::write(&script, BROKEN).unwrap();
-            std::thread::sleep(Duration::from_millis(400));
-        }
+        Event::Step { step, .. } => edit(step),
         Event::Reload { step, result } => reloads.push((step, result)),
+        Event::ScriptError(e) => errors.push(e),
         _ => {}
     })
     .unwrap();
@@ -52,22 +62,45 @@ fn edits_take_effect_at_the_next_step_and_broken_edits_are_rejected() {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
+    assert_eq!(metrics.len(), steps);
+    (summary, metrics, reloads, errors)
+}
+
+fn hashes(metrics: &[Value]) -> Vec<String> {
+    metrics
+        .iter()
+        .map(|m| m["script_hash"].as_str().unwrap().to_string())
+        .collect()
+}
+
+const V1: &str = "const RATIO = 0.9;\nfn plan(task, state) { prefix_ratio(RATIO) }\n";
+const V2: &str = "const RATIO = 0.0;\nfn plan(task, state) { prefix_ratio(RATIO) }\n";
+const BROKEN: &str = "const RATIO = 0.5;\nfn plan(task, state) { prefix_ratio(RATIO }\n";
+
+#[test]
+fn edits_take_effect_at_the_next_step_and_broken_edits_are_rejected() {
+    let tmp = tempfile::tempdir().unwrap();
+    let script = tmp.path().join("guidance.rhai");
+    std::fs::write(&script, V1).unwrap();
+    let (summary, metrics, reloads, _) =
+        run_with_edits(tmp.path(), &script, 4, 2, |step| match step {
+            0 => save(&script, V2),
+            1 => save(&script, BROKEN),
+            _ => {}
+        });
     // Step 0 ran V1 (deep prefixes), steps 1.. run V2 (none).
     assert!(metrics[0]["depth_mean"].as_f64().unwrap() > 0.0);
     for m in &metrics[1..] {
         assert_eq!(m["depth_mean"], 0.0, "{m}");
     }
-    let h: Vec<&str> = metrics
-        .iter()
-        .map(|m| m["script_hash"].as_str().unwrap())
-        .collect();
+    let h = hashes(&metrics);
     assert_ne!(h[0], h[1]);
     assert_eq!(h[1], h[2], "the broken edit must not replace V2");
     assert_eq!(h[2], h[3]);
     // The reload log and events: one success at step 1, one error at step 2.
     assert_eq!(reloads.len(), 2, "{reloads:?}");
     assert_eq!(reloads[0].0, 1);
-    assert_eq!(reloads[0].1.as_ref().unwrap(), h[1]);
+    assert_eq!(reloads[0].1.as_ref().unwrap(), &h[1]);
     assert_eq!(reloads[1].0, 2);
     let err = reloads[1].1.as_ref().unwrap_err();
     assert!(err.contains(&format!("{}:2:", script.display())), "{err}");
@@ -78,4 +111,184 @@ fn edits_take_effect_at_the_next_step_and_broken_edits_are_rejected() {
         .unwrap()
         .count();
     assert_eq!(copies, 2);
+}
+
+/// The researcher's loop from DESIGN.md: the run starts on ActGuide-RL,
+/// the import line is switched to Agent-G² mid-run, then a knob
+/// (P_TARGET) is edited, then the imported strategy file itself.
+#[test]
+fn swapping_actguide_for_gaussian_and_editing_a_knob_mid_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let gdir = tmp.path().join("guidance");
+    std::fs::create_dir_all(&gdir).unwrap();
+    for s in ["actguide", "gaussian"] {
+        std::fs::copy(
+            root().join(format!("scripts/guidance/{s}.rhai")),
+            gdir.join(format!("{s}.rhai")),
+        )
+        .unwrap();
+    }
+    let script = tmp.path().join("guidance.rhai");
+    std::fs::write(&script, "import \"guidance/actguide\";\n").unwrap();
+    let g2 = |p: f64| {
+        format!("import \"guidance/gaussian\";\nconst P_TARGET = {p:.1};\nconst MU_INIT = 1.0;\n")
+    };
+    let imported = gdir.join("gaussian.rhai");
+    let (summary, metrics, reloads, errors) =
+        run_with_edits(tmp.path(), &script, 7, 4, |step| match step {
+            1 => save(&script, &g2(1.0)),
+            3 => save(&script, &g2(-1.0)),
+            4 => {
+                let src = std::fs::read_to_string(&imported).unwrap();
+                save(
+                    &imported,
+                    &src.replace("const SIGMA_MIN = 0.1;", "const SIGMA_MIN = 0.05;"),
+                );
+            }
+            _ => {}
+        });
+    assert!(errors.is_empty(), "{errors:?}");
+    let h = hashes(&metrics);
+    // A new version from steps 2, 4 and 5 (the imported file's edit).
+    assert_eq!(h[0], h[1]);
+    assert_ne!(h[1], h[2]);
+    assert_eq!(h[2], h[3]);
+    assert_ne!(h[3], h[4]);
+    assert_ne!(h[4], h[5]);
+    assert_eq!(h[5], h[6]);
+    assert_eq!(
+        reloads.iter().map(|r| r.0).collect::<Vec<_>>(),
+        vec![2, 4, 5]
+    );
+    assert!(reloads.iter().all(|r| r.1.is_ok()), "{reloads:?}");
+    // ActGuide-RL: nothing executed; all-fail tasks are probed with plans
+    // in the prompt and their groups replaced by plan(k) rollouts.
+    for m in &metrics[..2] {
+        assert_eq!(m["depth_mean"], 0.0, "{m}");
+    }
+    assert!(
+        metrics[..2]
+            .iter()
+            .any(|m| m["rounds"]["probe_rollouts"].as_u64().unwrap() > 0
+                && m["plan_k_mean"].as_f64().unwrap() > 0.0),
+        "{:?}",
+        &metrics[..2]
+    );
+    // Agent-G² from the next step on: executed prefixes, no probes, no plans.
+    for m in &metrics[2..] {
+        assert_eq!(m["rounds"]["probe_rollouts"], 0, "{m}");
+        assert_eq!(m["plan_k_mean"], 0.0, "{m}");
+        assert!(m["state"]["mu_global"].is_number(), "{m}");
+    }
+    // P_TARGET 1.0: every cluster's centre is 1 (deep prefixes) ...
+    let mus = |m: &Value| -> Vec<f64> {
+        m["script"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .filter(|(k, _)| k.starts_with("g2.mu."))
+            .map(|(_, v)| v.as_f64().unwrap())
+            .collect()
+    };
+    for m in &metrics[2..4] {
+        assert!(
+            !mus(m).is_empty() && mus(m).iter().all(|&x| x == 1.0),
+            "{m}"
+        );
+    }
+    // ... P_TARGET -1.0 from the step after the edit: every centre is 0.
+    for m in &metrics[4..] {
+        assert!(
+            !mus(m).is_empty() && mus(m).iter().all(|&x| x == 0.0),
+            "{m}"
+        );
+    }
+    let deep: f64 = metrics[2..4]
+        .iter()
+        .map(|m| m["depth_mean"].as_f64().unwrap())
+        .sum();
+    let shallow: f64 = metrics[4..]
+        .iter()
+        .map(|m| m["depth_mean"].as_f64().unwrap())
+        .sum();
+    assert!(deep / 2.0 > shallow / 3.0, "deep {deep} shallow {shallow}");
+    // Each version is kept with its imports beside it.
+    let dirs: Vec<_> = std::fs::read_dir(summary.run_dir.join("scripts"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(dirs.len(), 4, "{dirs:?}");
+    assert!(dirs
+        .iter()
+        .any(|d| d.join("guidance/gaussian.rhai").exists()));
+}
+
+const GOOD: &str = "const RATIO = 0.9;\nfn plan(task, state) { prefix_ratio(RATIO) }\n";
+const SYNTAX: &str = "fn plan(task, state) {\n    prefix_ratio(0.1\n}\n";
+/// Passes the trial call of plan(), fails in update() at run time.
+const RUNTIME: &str = "fn plan(task, state) { prefix_ratio(0.0) }\nfn update(batch, state) {\n    let n = batch.no_such_field;\n}\n";
+const ENDLESS: &str = "fn plan(task, state) {\n    let i = 0;\n    loop { i += 1; }\n}\n";
+
+#[test]
+fn syntax_runtime_and_endless_loop_errors_keep_the_last_good_version() {
+    let tmp = tempfile::tempdir().unwrap();
+    let script = tmp.path().join("guidance.rhai");
+    std::fs::write(&script, GOOD).unwrap();
+    let (summary, metrics, reloads, errors) =
+        run_with_edits(tmp.path(), &script, 5, 2, |step| match step {
+            0 => save(&script, SYNTAX),
+            1 => save(&script, RUNTIME),
+            3 => save(&script, ENDLESS),
+            _ => {}
+        });
+    let h = hashes(&metrics);
+    let good = h[0].clone();
+    // Step 1: the syntax error was rejected. Step 2 ran the new version
+    // (it compiled and passed the trial call), whose update() failed: from
+    // step 3 on the last good version is back. Step 4: the endless loop
+    // was cut by the operation limit and rejected.
+    assert_eq!(h[1], good);
+    assert_ne!(h[2], good);
+    assert_eq!(h[3], good);
+    assert_eq!(h[4], good);
+    for i in [0, 1, 3, 4] {
+        assert!(
+            metrics[i]["depth_mean"].as_f64().unwrap() > 0.0,
+            "{}",
+            metrics[i]
+        );
+    }
+    assert_eq!(metrics[2]["depth_mean"], 0.0);
+    assert_eq!(metrics[2]["script_errors"], 1);
+    let f = script.display().to_string();
+    let errs: Vec<(usize, String)> = reloads
+        .iter()
+        .filter_map(|(s, r)| r.as_ref().err().map(|e| (*s, e.clone())))
+        .collect();
+    assert_eq!(errs.len(), 3, "{reloads:?}");
+    assert_eq!(errs[0].0, 1);
+    assert!(errs[0].1.starts_with(&format!("{f}:3:")), "{}", errs[0].1);
+    assert_eq!(errs[1].0, 2);
+    assert!(errs[1].1.starts_with(&format!("{f}:3:")), "{}", errs[1].1);
+    assert!(errs[1].1.contains("no_such_field"), "{}", errs[1].1);
+    assert_eq!(errs[2].0, 4);
+    assert!(errs[2].1.starts_with(&format!("{f}:1:")), "{}", errs[2].1);
+    assert!(errs[2].1.contains("operation limit"), "{}", errs[2].1);
+    assert!(
+        errors.iter().any(|e| e.contains("no_such_field")),
+        "{errors:?}"
+    );
+    // The reload log says the same, step by step.
+    let log: Vec<Value> = std::fs::read_to_string(summary.run_dir.join("reloads.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let oks: Vec<(u64, bool)> = log
+        .iter()
+        .map(|l| (l["step"].as_u64().unwrap(), l["ok"].as_bool().unwrap()))
+        .collect();
+    assert_eq!(oks, vec![(1, false), (2, true), (2, false), (4, false)]);
+    assert_eq!(log[2]["reverted"], true);
+    assert_eq!(log[2]["active"], good.as_str());
 }

@@ -842,7 +842,7 @@ fn log_reload(
             ctx.copies.insert(role.to_string(), copy.clone());
             (
                 json!({ "step": step, "role": role, "file": o.file, "ok": true, "hash": hash, "copy": copy }),
-                Ok(format!("{role} script {hash}")),
+                Ok(hash.clone()),
             )
         }
         (_, Some(e)) => (

@@ -50,6 +50,9 @@ fn io(path: &Path, e: impl std::fmt::Display) -> CheckpointError {
 
 /// Write a file atomically (temp file in the same folder + rename).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
+    }
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, bytes).map_err(|e| io(&tmp, e))?;
     std::fs::rename(&tmp, path).map_err(|e| io(path, e))
