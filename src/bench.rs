@@ -25,6 +25,21 @@ pub struct BenchConfig {
     pub steps: usize,
     pub max_steps: usize,
     pub seed: u64,
+    /// Guidance scripts whose entry-point cost is measured against the
+    /// training step.
+    pub scripts: Vec<PathBuf>,
+}
+
+/// Cost of one script's entry points per training step.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ScriptCost {
+    pub script: String,
+    /// Mean wall time of plan + review + update per step, over
+    /// `script_steps` simulated steps of the same batch shape.
+    pub seconds_per_step: f64,
+    pub rollouts_per_step: f64,
+    /// As a percentage of the measured training step (rollout + train).
+    pub percent_of_step: f64,
 }
 
 /// Measured figures.
@@ -38,6 +53,8 @@ pub struct BenchReport {
     pub train_tokens_per_s: f64,
     pub rollout_s_per_step: f64,
     pub train_s_per_step: f64,
+    pub script_steps: usize,
+    pub scripts: Vec<ScriptCost>,
 }
 
 impl std::fmt::Display for BenchReport {
@@ -60,7 +77,18 @@ impl std::fmt::Display for BenchReport {
             f,
             "seconds per step     {:.2} rollout + {:.2} train",
             self.rollout_s_per_step, self.train_s_per_step
-        )
+        )?;
+        for c in &self.scripts {
+            write!(
+                f,
+                "\nscript {:<40} {:>8.3} ms/step ({:>5.1} rollouts/step) = {:.4}% of a step",
+                c.script,
+                c.seconds_per_step * 1e3,
+                c.rollouts_per_step,
+                c.percent_of_step
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -117,6 +145,29 @@ pub fn run(cfg: &BenchConfig) -> Result<BenchReport, RunError> {
         ttok += ts.train_tokens;
     }
     let n = cfg.steps.max(1) as f64;
+    // Script entry points on the same batch shape, against the synthetic
+    // learner (the host calls are what is timed, not the learner).
+    let step_s = (rt + tt) / n;
+    let script_steps = 30;
+    let mut scripts = Vec::new();
+    for path in &cfg.scripts {
+        let p = crate::guidance::simulate::SimParams {
+            steps: script_steps,
+            tasks_per_step: cfg.tasks,
+            group_size: cfg.group,
+            seed: cfg.seed,
+            ..Default::default()
+        };
+        let mut host = crate::guidance::GuidanceHost::new(path, cfg.seed)?;
+        let r = crate::guidance::simulate::simulate(&mut host, &tasks, &p)?;
+        let per = r.script_seconds / script_steps as f64;
+        scripts.push(ScriptCost {
+            script: path.display().to_string(),
+            seconds_per_step: per,
+            rollouts_per_step: r.mean_rollouts_per_step,
+            percent_of_step: 100.0 * per / step_s.max(1e-12),
+        });
+    }
     Ok(BenchReport {
         threads: candle_core::utils::get_num_threads(),
         params: policy.num_params(),
@@ -126,5 +177,7 @@ pub fn run(cfg: &BenchConfig) -> Result<BenchReport, RunError> {
         train_tokens_per_s: ttok as f64 / tt.max(1e-9),
         rollout_s_per_step: rt / n,
         train_s_per_step: tt / n,
+        script_steps,
+        scripts,
     })
 }

@@ -112,6 +112,9 @@ enum Cmd {
         max_steps: usize,
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        /// Guidance scripts whose entry-point cost per step is measured.
+        #[arg(long, num_args = 0.., default_values = ["scripts/guidance/gaussian.rhai", "scripts/guidance/actguide.rhai", "scripts/guidance/binary_search.rhai"])]
+        scripts: Vec<PathBuf>,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -226,6 +229,7 @@ fn dispatch(cli: Cli) -> Result<()> {
             steps,
             max_steps,
             seed,
+            scripts,
             json,
         } => {
             let report = actguide::bench::run(&actguide::bench::BenchConfig {
@@ -236,6 +240,7 @@ fn dispatch(cli: Cli) -> Result<()> {
                 steps,
                 max_steps,
                 seed,
+                scripts,
             })?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);

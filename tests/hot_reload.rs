@@ -22,6 +22,9 @@ fn save(path: &Path, text: &str) {
     std::thread::sleep(Duration::from_millis(400));
 }
 
+/// Reload events: (step, new hash or error text).
+type Reloads = Vec<(usize, Result<String, String>)>;
+
 /// Run a tiny experiment with `script`; `edit(step)` runs after each step.
 fn run_with_edits(
     tmp: &Path,
@@ -29,12 +32,7 @@ fn run_with_edits(
     steps: usize,
     group: usize,
     mut edit: impl FnMut(usize),
-) -> (
-    RunSummary,
-    Vec<Value>,
-    Vec<(usize, Result<String, String>)>,
-    Vec<String>,
-) {
+) -> (RunSummary, Vec<Value>, Reloads, Vec<String>) {
     let r = root();
     let src = format!(
         r#"#{{ name: "hot", seed: 5, steps: {steps}, runs_dir: "{runs}",

@@ -327,7 +327,7 @@ fn setup(exp: Experiment, opts: &RunOptions) -> Result<(Ctx, usize), RunError> {
         invalid_penalty: exp.rollout.invalid_penalty,
         max_action_tokens: exp.rollout.max_action_tokens,
         show_actions: exp.rollout.show_actions,
-        record_prefix: exp.trainer.aux_nll_coef > 0.0,
+        record_prefix: exp.trainer.aux_nll_coef > 0.0 || exp.trainer.train_prefix,
         max_steps: exp.env.max_steps,
         step_slack: exp.env.step_slack,
     };

@@ -63,6 +63,10 @@ impl<E> TaskRounds<E> {
     }
 }
 
+/// Runs one batch of requests (with the host, for reward and intervention
+/// scripts) and returns one outcome per request, in order.
+pub type Exec<'a, E, X> = dyn FnMut(&mut GuidanceHost, &[Request]) -> Result<Vec<E>, X> + 'a;
+
 /// Errors and counters of one drive.
 #[derive(Debug, Default)]
 pub struct DriveReport {
@@ -79,7 +83,7 @@ pub fn drive<E: Outcome + Clone, X>(
     step: usize,
     views: &[TaskView],
     max_rounds: usize,
-    exec: &mut dyn FnMut(&mut GuidanceHost, &[Request]) -> Result<Vec<E>, X>,
+    exec: &mut Exec<'_, E, X>,
     report: &mut DriveReport,
 ) -> Result<Vec<TaskRounds<E>>, X> {
     let mut tasks: Vec<TaskRounds<E>> = views

@@ -146,6 +146,9 @@ pub struct SimReport {
     pub rows: Vec<SimRow>,
     pub mean_rollouts_per_step: f64,
     pub final_p_unguided: f64,
+    /// Wall time spent inside the script's entry points (plan, review,
+    /// update), in total (not in the table: it varies run to run).
+    pub script_seconds: f64,
 }
 
 fn mean(v: &[f64]) -> f64 {
@@ -171,6 +174,7 @@ pub fn simulate(
     host.init()?;
     let mut skill = p.horizon;
     let mut rows = Vec::new();
+    let mut script_seconds = 0.0f64;
     for step in 0..p.steps {
         let idx = seed::tasks_for_step(p.seed, panel.len(), p.tasks_per_step, step);
         let views: Vec<TaskView> = idx
@@ -194,9 +198,12 @@ pub fn simulate(
             .collect();
         let mut rng = seed::rng(p.seed, &[seed::label("simulate"), step as u64]);
         let sk = skill;
+        let mut exec_s = 0.0f64;
+        let t_drive = std::time::Instant::now();
         let mut exec =
             |_: &mut GuidanceHost, reqs: &[Request]| -> Result<Vec<SimEpisode>, ScriptError> {
-                Ok(reqs
+                let t0 = std::time::Instant::now();
+                let out = reqs
                     .iter()
                     .map(|r| {
                         let len = lens[idx[r.task]];
@@ -204,10 +211,15 @@ pub fn simulate(
                         let success = rng.random::<f64>() < p.sim_p(sk, len, &spec);
                         SimEpisode { spec, success }
                     })
-                    .collect())
+                    .collect();
+                exec_s += t0.elapsed().as_secs_f64();
+                Ok(out)
             };
         let mut report = DriveReport::default();
         let groups = drive(host, step, &views, p.max_rounds, &mut exec, &mut report)?;
+        // Host calls (plan, review) and the driver's bookkeeping; the
+        // learner's own time is taken out.
+        script_seconds += t_drive.elapsed().as_secs_f64() - exec_s;
         let mut results = Vec::new();
         let mut by_cluster: BTreeMap<String, Vec<(f64, f64, f64, usize)>> = BTreeMap::new();
         let mut succ_all = Vec::new();
@@ -217,7 +229,7 @@ pub fn simulate(
         for (v, g) in views.iter().zip(&groups) {
             let tr: Vec<&SimEpisode> = g.training().map(|r| &r.ep).collect();
             let s: Vec<f64> = tr.iter().map(|e| e.reward()).collect();
-            if s.iter().any(|&x| x > 0.0) && s.iter().any(|&x| x == 0.0) {
+            if s.iter().any(|&x| x > 0.0) && s.contains(&0.0) {
                 informative += 1;
                 let len = v.expert_len.max(0) as usize;
                 let m = mean(
@@ -263,7 +275,9 @@ pub fn simulate(
         let frac_zero_std = 1.0 - informative as f64 / views.len().max(1) as f64;
         let mut extra = BTreeMap::new();
         extra.insert("skill".to_string(), skill);
+        let t_upd = std::time::Instant::now();
         let err = host.update(step, &results, &extra);
+        script_seconds += t_upd.elapsed().as_secs_f64();
         report.errors.extend(err);
         host.end_step();
         let effects = host.take_effects();
@@ -344,6 +358,7 @@ pub fn simulate(
         )),
         final_p_unguided: round4(final_p),
         rows,
+        script_seconds,
     })
 }
 

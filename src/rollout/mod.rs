@@ -207,7 +207,14 @@ pub fn run(
     let mut stats = RolloutStats::default();
     let mut live: Vec<Live> = Vec::with_capacity(requests.len());
     for req in requests {
-        let env = make_env(opts.env_limit(req.task.expert.len(), req.spec.prefix));
+        // An expert() episode replays the whole trajectory: its limit
+        // counts every expert action as executed.
+        let executed = if req.spec.expert {
+            req.task.expert.len()
+        } else {
+            req.spec.prefix
+        };
+        let env = make_env(opts.env_limit(req.task.expert.len(), executed));
         let ep = Episode {
             task_id: req.task.id.clone(),
             spec: req.spec,
