@@ -393,18 +393,18 @@ fn run(
         ),
         Event::ScriptError(e) => say(&bar, format!("script error (kept going): {e}")),
         Event::Log(l) => say(&bar, format!("script: {l}")),
-        Event::Reload { step, result } => match result {
+        Event::Reload { step, role, result } => match result {
             Ok(h) => say(
                 &bar,
                 format!(
-                    "guidance script reloaded: version {h} in effect from step {}",
+                    "{role} script reloaded: version {h} in effect from step {}",
                     step + 1
                 ),
             ),
             Err(e) => say(
                 &bar,
                 format!(
-                    "guidance script NOT reloaded at step {} (last good version kept): {e}",
+                    "{role} script NOT reloaded at step {} (last good version kept): {e}",
                     step + 1
                 ),
             ),

@@ -61,6 +61,8 @@ pub enum Event {
     /// version (from this step on), `Err(msg)` kept the last good one.
     Reload {
         step: usize,
+        /// "guidance", "reward" or "intervene".
+        role: String,
         result: Result<String, String>,
     },
     Log(String),
@@ -466,6 +468,7 @@ fn train_step(
     let mut hook_s = 0.0f64;
     let mut hook_errors: Vec<ScriptError> = Vec::new();
     let mut rollout_error: Option<RolloutError> = None;
+    let drive_errors: usize;
     let groups = {
         let Ctx {
             host,
@@ -552,6 +555,7 @@ fn train_step(
             &mut exec_dyn,
             &mut report,
         );
+        drive_errors = report.errors.len();
         for e in report.errors {
             on_event(Event::ScriptError(e.to_string()));
         }
@@ -572,7 +576,7 @@ fn train_step(
             }
         }
     };
-    let mut script_errors = hook_errors.len();
+    let mut script_errors = drive_errors + hook_errors.len();
     for e in hook_errors {
         on_event(Event::ScriptError(e.to_string()));
     }
@@ -862,7 +866,11 @@ fn log_reload(
         }
     }
     append_line(&ctx.run_dir.join("reloads.jsonl"), &line)?;
-    on_event(Event::Reload { step, result });
+    on_event(Event::Reload {
+        step,
+        role: role.to_string(),
+        result,
+    });
     Ok(())
 }
 

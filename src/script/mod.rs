@@ -177,27 +177,38 @@ fn engine_with(handles: &HostHandles, imports: Option<ImportResolver>) -> Engine
     };
 
     let rng = handles.rng.clone();
-    engine.register_fn("gaussian", move |mu: f64, sigma: f64| -> f64 {
-        let sigma = if sigma.is_finite() && sigma > 0.0 {
-            sigma
-        } else {
-            0.0
-        };
-        if sigma == 0.0 {
-            return mu;
-        }
-        let n = Normal::new(mu, sigma).expect("finite sigma");
-        n.sample(&mut *rng.lock().expect("rng lock"))
-    });
+    engine.register_fn(
+        "gaussian",
+        move |mu: f64, sigma: f64| -> Result<f64, Box<EvalAltResult>> {
+            if !mu.is_finite() || !sigma.is_finite() {
+                return Err(format!("gaussian({mu}, {sigma}): arguments must be finite").into());
+            }
+            if sigma <= 0.0 {
+                return Ok(mu);
+            }
+            let n = Normal::new(mu, sigma).map_err(|e| e.to_string())?;
+            Ok(n.sample(&mut *rng.lock().expect("rng lock")))
+        },
+    );
     let rng = handles.rng.clone();
-    engine.register_fn("uniform", move |a: f64, b: f64| -> f64 {
-        if b <= a {
-            return a;
-        }
-        rng.lock().expect("rng lock").random_range(a..b)
-    });
+    engine.register_fn(
+        "uniform",
+        move |a: f64, b: f64| -> Result<f64, Box<EvalAltResult>> {
+            if !a.is_finite() || !b.is_finite() {
+                return Err(format!("uniform({a}, {b}): arguments must be finite").into());
+            }
+            if b <= a {
+                return Ok(a);
+            }
+            Ok(rng.lock().expect("rng lock").random_range(a..b))
+        },
+    );
     engine.register_fn("clamp", |x: f64, lo: f64, hi: f64| x.max(lo).min(hi));
     engine.register_fn("clamp", |x: i64, lo: i64, hi: i64| x.max(lo).min(hi));
+    // `clamp(r, 0, 1)` with a float r: integer bounds are a common slip.
+    engine.register_fn("clamp", |x: f64, lo: i64, hi: i64| {
+        x.max(lo as f64).min(hi as f64)
+    });
     engine.register_fn("ema", |old: f64, new: f64, alpha: f64| {
         (1.0 - alpha) * old + alpha * new
     });
