@@ -51,6 +51,22 @@ fn weights(run_dir: &Path, step: usize) -> Vec<u8> {
 }
 
 #[test]
+fn review_rounds_are_deterministic() {
+    // ActGuide-RL: probe rounds, plan fallbacks, internalised loss.
+    let tmp = tempfile::tempdir().unwrap();
+    let a = experiment(tmp.path(), "a", 2, "actguide.rhai");
+    let b = experiment(tmp.path(), "b", 2, "actguide.rhai");
+    let sa = experiment::run(a, &RunOptions::default(), &mut |_| {}).unwrap();
+    let sb = experiment::run(b, &RunOptions::default(), &mut |_| {}).unwrap();
+    let (ma, mb) = (metrics(&sa.run_dir), metrics(&sb.run_dir));
+    assert_eq!(ma, mb);
+    assert!(ma
+        .iter()
+        .any(|m| m["rounds"]["probe_rollouts"].as_u64().unwrap() > 0));
+    assert_eq!(weights(&sa.run_dir, 2), weights(&sb.run_dir, 2));
+}
+
+#[test]
 fn same_seed_gives_identical_metrics() {
     let tmp = tempfile::tempdir().unwrap();
     let a = experiment(tmp.path(), "a", 3, "gaussian.rhai");
@@ -75,10 +91,22 @@ fn same_seed_gives_identical_metrics() {
 #[test]
 fn resume_after_a_stop_equals_an_uninterrupted_run() {
     let tmp = tempfile::tempdir().unwrap();
-    let full = experiment(tmp.path(), "full", 4, "gaussian.rhai");
+    // The working script (imports gaussian.rhai) and a reward script: the
+    // resumed run loads both from the run directory's copies.
+    let with_scripts = |name: &str| {
+        let mut e = experiment(tmp.path(), name, 4, "../guidance.rhai");
+        e.guidance.reward = Some(
+            root()
+                .join("scripts/reward/step_penalty.rhai")
+                .display()
+                .to_string(),
+        );
+        e
+    };
+    let full = with_scripts("full");
     let sf = experiment::run(full, &RunOptions::default(), &mut |_| {}).unwrap();
 
-    let part = experiment(tmp.path(), "part", 4, "gaussian.rhai");
+    let part = with_scripts("part");
     let dir = part.run_dir();
     // Stop after 3 steps: the last checkpoint is at step 2, so step 3's line
     // is rewritten on resume.

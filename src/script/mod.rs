@@ -441,7 +441,7 @@ impl Script {
         let mut engine = engine_with(
             handles,
             Some(ImportResolver {
-                root,
+                root: root.clone(),
                 log: log.clone(),
                 consts: consts.clone(),
             }),
@@ -478,9 +478,13 @@ impl Script {
             .map_err(|e| import_error(ScriptError::from_eval(&file, &e)))?;
         engine.register_global_module(module.into());
         let imports = std::mem::take(&mut log.lock().expect("import log").files);
+        // The hash covers the sources and the imports' paths relative to
+        // the script, so the run directory's copy (same layout, another
+        // place) has the same version hash.
         let mut all = source.clone();
         for (p, s) in &imports {
-            all.push_str(&format!("\n// {}\n{s}", p.display()));
+            let rel = p.strip_prefix(&root).unwrap_or(p);
+            all.push_str(&format!("\n// {}\n{s}", rel.display()));
         }
         let empty = engine
             .compile("")
