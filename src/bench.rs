@@ -112,7 +112,9 @@ pub fn run(cfg: &BenchConfig) -> Result<BenchReport, RunError> {
         max_steps: cfg.max_steps,
         step_slack: None,
     };
-    let make = |limit: usize| -> Box<dyn Env> { make_env("household", limit) };
+    let make = |limit: usize| -> Box<dyn Env> {
+        make_env(&crate::env::EnvSpec::builtin("household"), limit)
+    };
     let (mut rt, mut rtok, mut gtok, mut tt, mut ttok) = (0.0, 0usize, 0usize, 0.0, 0usize);
     let mut episodes_per_step = 0;
     for step in 0..cfg.steps {

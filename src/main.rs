@@ -88,10 +88,38 @@ enum Cmd {
         #[command(subcommand)]
         cmd: TasksCmd,
     },
+    /// Serve a built-in env over the subprocess protocol (stdin/stdout,
+    /// envs/PROTOCOL.md) or AgentGym's HTTP API, for external use and the
+    /// protocol tests.
+    ServeEnv {
+        #[arg(long, default_value = "household")]
+        env: String,
+        /// "stdio" or "http".
+        #[arg(long, default_value = "stdio")]
+        protocol: String,
+        /// HTTP port (0: any free port; the URL is printed first).
+        #[arg(long, default_value_t = 0)]
+        port: u16,
+        #[arg(long, default_value_t = 50)]
+        max_steps: usize,
+        /// Fault injection: exit when asked for step N+1.
+        #[arg(long)]
+        die_after_steps: Option<usize>,
+        /// Fault injection: reply with malformed JSON after step N.
+        #[arg(long)]
+        malformed_after_steps: Option<usize>,
+        /// Faults only for tasks whose id number is divisible by this.
+        #[arg(long, default_value_t = 1)]
+        fault_every: usize,
+    },
     /// Write the built-in tiny model card (config.json + tokenizer.json).
     InitTiny {
-        #[arg(long, default_value = "models/tiny")]
-        out: PathBuf,
+        /// The env whose vocabulary the tokenizer covers.
+        #[arg(long, default_value = "household")]
+        env: String,
+        /// Output folder (default: models/tiny, or models/tiny-<env>).
+        #[arg(long)]
+        out: Option<PathBuf>,
     },
     /// Measure rollout and train tokens/s of a model on the household env.
     Bench {
@@ -133,12 +161,15 @@ enum TasksCmd {
         train: usize,
         #[arg(long, default_value_t = 64)]
         test: usize,
-        #[arg(long, default_value = "envs/household")]
-        out: PathBuf,
+        /// Output folder (default: envs/<env>).
+        #[arg(long)]
+        out: Option<PathBuf>,
     },
     /// Success of a uniformly random valid-action policy by difficulty.
     Stats {
         panel: PathBuf,
+        #[arg(long, default_value = "household")]
+        env: String,
         #[arg(long, default_value_t = 16)]
         rollouts: usize,
         #[arg(long, default_value_t = 20)]
@@ -210,8 +241,46 @@ fn dispatch(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
-        Cmd::InitTiny { out } => {
-            let (cfg, n) = actguide::tiny::write_tiny_model(&out)?;
+        Cmd::ServeEnv {
+            env,
+            protocol,
+            port,
+            max_steps,
+            die_after_steps,
+            malformed_after_steps,
+            fault_every,
+        } => {
+            use actguide::env::external::serve::{serve_stdio, Faults, HttpServer};
+            if !actguide::env::BUILTIN.contains(&env.as_str()) {
+                bail!("unknown env `{env}` (built-in: household, shop, searchqa)");
+            }
+            let faults = Faults {
+                die_after_steps,
+                malformed_after_steps,
+                every: fault_every,
+            };
+            match protocol.as_str() {
+                "stdio" => serve_stdio(&env, max_steps, faults)?,
+                "http" => {
+                    let server = HttpServer::bind(&env, port, max_steps, faults)?;
+                    println!("listening on {}", server.url());
+                    use std::io::Write;
+                    std::io::stdout().flush()?;
+                    server.run()?;
+                }
+                other => bail!("unknown protocol `{other}` (stdio, http)"),
+            }
+            Ok(())
+        }
+        Cmd::InitTiny { env, out } => {
+            if !actguide::env::BUILTIN.contains(&env.as_str()) {
+                bail!("unknown env `{env}` (built-in: household, shop, searchqa)");
+            }
+            let out = out.unwrap_or_else(|| match env.as_str() {
+                "household" => PathBuf::from("models/tiny"),
+                e => PathBuf::from(format!("models/tiny-{e}")),
+            });
+            let (cfg, n) = actguide::tiny::write_tiny_model_for(&env, &out)?;
             println!(
                 "wrote {}/config.json and tokenizer.json ({} tokens, {} layers, hidden {})",
                 out.display(),
@@ -253,7 +322,7 @@ fn dispatch(cli: Cli) -> Result<()> {
 }
 
 fn tasks(cmd: TasksCmd) -> Result<()> {
-    use actguide::env::{household, panel};
+    use actguide::env::panel;
     match cmd {
         TasksCmd::Generate {
             env,
@@ -262,10 +331,8 @@ fn tasks(cmd: TasksCmd) -> Result<()> {
             test,
             out,
         } => {
-            if env != "household" {
-                bail!("unknown env `{env}` (built-in: household)");
-            }
-            let (tr, te) = household::generate_panels(seed, train, test);
+            let (tr, te) = actguide::env::generate_panels(&env, seed, train, test)?;
+            let out = out.unwrap_or_else(|| PathBuf::from("envs").join(&env));
             std::fs::create_dir_all(&out).with_context(|| out.display().to_string())?;
             panel::write_jsonl(&out.join("train.jsonl"), &tr)?;
             panel::write_jsonl(&out.join("test.jsonl"), &te)?;
@@ -279,16 +346,18 @@ fn tasks(cmd: TasksCmd) -> Result<()> {
         }
         TasksCmd::Stats {
             panel: path,
+            env,
             rollouts,
             max_steps,
             seed,
         } => {
             let tasks = panel::read_jsonl(&path)?;
-            let table = household::random_policy_success(&tasks, rollouts, max_steps, seed);
+            let table =
+                actguide::env::random_policy_success(&env, &tasks, rollouts, max_steps, seed)?;
             println!(
                 "random valid-action policy, {rollouts} rollouts/task, limit {max_steps} steps"
             );
-            println!("{:>10} {:>6} {:>8}", "expert_len", "tasks", "success");
+            println!("{:>10} {:>6} {:>8}", "difficulty", "tasks", "success");
             for (d, n, s) in table {
                 println!("{d:>10} {n:>6} {s:>8.3}");
             }

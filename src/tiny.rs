@@ -1,5 +1,6 @@
-//! The built-in tiny model card (`models/tiny/`): a word-level tokenizer
-//! over the household env's vocabulary plus the prompt scaffold, saved as a
+//! The built-in tiny model cards (`models/tiny/` for the household env,
+//! `models/tiny-shop/`, `models/tiny-searchqa/`): a word-level tokenizer
+//! over one built-in env's vocabulary plus the prompt scaffold, saved as a
 //! standard `tokenizer.json`, and a small Llama-style `config.json`. No
 //! weights: a run initialises them from its seed.
 
@@ -35,26 +36,39 @@ pub fn tiny_config(vocab_size: usize) -> ModelConfig {
     }
 }
 
-/// The tiny tokenizer: specials, then every env and scaffold word.
+/// The household tiny tokenizer.
 pub fn tiny_tokenizer() -> Result<Tok, ModelError> {
+    tiny_tokenizer_for("household")
+}
+
+/// The tiny tokenizer of a built-in env: specials, then every env and
+/// scaffold word.
+pub fn tiny_tokenizer_for(env: &str) -> Result<Tok, ModelError> {
+    let vocab = match env {
+        "shop" => crate::env::shop::vocabulary(),
+        "searchqa" => crate::env::searchqa::vocabulary(),
+        _ => household::vocabulary(),
+    };
     // The tokenizer lower-cases its input, so the vocabulary is lower-cased too.
-    let mut words: Vec<String> = household::vocabulary()
-        .iter()
-        .map(|w| w.to_lowercase())
-        .collect();
+    let mut words: Vec<String> = vocab.iter().map(|w| w.to_lowercase()).collect();
     words.extend(SCAFFOLD_WORDS.iter().map(|s| s.to_string()));
     words.sort();
     words.dedup();
     Tok::build_word_level(&words, &SPECIALS)
 }
 
-/// Write `config.json` and `tokenizer.json` into `out`.
+/// Write the household card's `config.json` and `tokenizer.json` into `out`.
 pub fn write_tiny_model(out: &Path) -> Result<(ModelConfig, usize), ModelError> {
+    write_tiny_model_for("household", out)
+}
+
+/// Write a built-in env's tiny card into `out`.
+pub fn write_tiny_model_for(env: &str, out: &Path) -> Result<(ModelConfig, usize), ModelError> {
     std::fs::create_dir_all(out).map_err(|e| ModelError::Io {
         path: out.to_path_buf(),
         source: e,
     })?;
-    let tok = tiny_tokenizer()?;
+    let tok = tiny_tokenizer_for(env)?;
     let cfg = tiny_config(tok.vocab_size());
     tok.save(&out.join("tokenizer.json"))?;
     cfg.save(&out.join("config.json"))?;
@@ -82,6 +96,56 @@ mod tests {
         assert_eq!(cfg, tiny_config(fresh.vocab_size()));
         assert_eq!(tok.token_id("[EOS]"), cfg.eos_token_id);
         assert_eq!(tok.token_id("[BOS]"), cfg.bos_token_id);
+    }
+
+    #[test]
+    fn committed_shop_and_searchqa_cards_match_the_generator() {
+        for env in ["shop", "searchqa"] {
+            let dir = root().join(format!("models/tiny-{env}"));
+            let tok = Tok::from_file(&dir.join("tokenizer.json")).unwrap();
+            let fresh = tiny_tokenizer_for(env).unwrap();
+            assert_eq!(tok.vocab_size(), fresh.vocab_size(), "{env}");
+            let cfg = ModelConfig::from_file(&dir.join("config.json")).unwrap();
+            assert_eq!(cfg, tiny_config(fresh.vocab_size()), "{env}");
+        }
+    }
+
+    #[test]
+    fn shop_and_searchqa_expert_episodes_encode_without_unknown_tokens() {
+        use crate::rollout::prompt::{render, PromptParts};
+        for env_kind in ["shop", "searchqa"] {
+            let tok = tiny_tokenizer_for(env_kind).unwrap();
+            let unk = tok.token_id("[UNK]").unwrap();
+            let tasks =
+                panel::read_jsonl(&root().join(format!("envs/{env_kind}/train.jsonl"))).unwrap();
+            for t in tasks.iter().take(40) {
+                let mut env = crate::env::builtin_env(env_kind, 50);
+                let obs = env.reset(t).unwrap();
+                let mut texts = vec![t.goal.clone(), obs.text, env.status()];
+                texts.extend(obs.admissible);
+                for a in &t.expert {
+                    let o = env.step(a).unwrap();
+                    texts.push(a.clone());
+                    texts.push(o.text);
+                    texts.push(env.status());
+                    texts.extend(o.admissible);
+                }
+                texts.push(render(&PromptParts {
+                    goal: &t.goal,
+                    plan: &t.expert,
+                    history: &[],
+                    window: 1,
+                    status: "",
+                    observation: "",
+                    admissible: &[],
+                    show_actions: true,
+                }));
+                for s in texts {
+                    let ids = tok.encode(&s).unwrap();
+                    assert!(!ids.contains(&unk), "{env_kind}: unknown word in {s:?}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -59,6 +59,9 @@ fn d_device() -> String {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EnvSection {
+    /// "household", "shop", "searchqa" (built-in), "http" (AgentGym env
+    /// server at `url`) or "subprocess" (`command` speaking
+    /// envs/PROTOCOL.md).
     #[serde(default = "d_env_kind")]
     pub kind: String,
     pub train: String,
@@ -71,6 +74,64 @@ pub struct EnvSection {
     /// left + step_slack): rewarded episodes then hold little wandering.
     #[serde(default)]
     pub step_slack: Option<usize>,
+    /// http: the env server's base URL.
+    #[serde(default)]
+    pub url: Option<String>,
+    /// http: the id field of the server's dialect ("id" for AgentGym's
+    /// ALFWorld adapter, "env_idx" for its WebShop adapter).
+    #[serde(default = "d_id_field")]
+    pub id_field: String,
+    /// subprocess: the program and its arguments.
+    #[serde(default)]
+    pub command: Vec<String>,
+    /// External envs: seconds to wait for one reply, and extra attempts of
+    /// requests that are safe to repeat (create, reset, expert).
+    #[serde(default = "d_timeout_s")]
+    pub timeout_s: f64,
+    #[serde(default = "d_retries")]
+    pub retries: usize,
+    /// External envs: a done step with at least this reward is a success
+    /// (unless the reply says `success`).
+    #[serde(default = "d_success_reward")]
+    pub success_reward: f64,
+}
+
+fn d_id_field() -> String {
+    "id".into()
+}
+fn d_timeout_s() -> f64 {
+    30.0
+}
+fn d_retries() -> usize {
+    2
+}
+fn d_success_reward() -> f64 {
+    1.0
+}
+
+impl EnvSection {
+    /// The env spec the runner builds envs from.
+    pub fn spec(&self) -> crate::env::EnvSpec {
+        use crate::env::{external::Limits, EnvKind, EnvSpec};
+        let kind = match self.kind.as_str() {
+            "http" => EnvKind::Http {
+                url: self.url.clone().unwrap_or_default(),
+                id_field: self.id_field.clone(),
+            },
+            "subprocess" => EnvKind::Subprocess {
+                command: self.command.clone(),
+            },
+            k => EnvKind::Builtin(k.to_string()),
+        };
+        EnvSpec {
+            kind,
+            limits: Limits {
+                timeout: std::time::Duration::from_secs_f64(self.timeout_s.clamp(0.001, 86_400.0)),
+                retries: self.retries,
+            },
+            success_reward: self.success_reward,
+        }
+    }
 }
 
 fn d_env_kind() -> String {
@@ -398,11 +459,39 @@ impl Experiment {
                 "trainer.ppo_epochs, minibatches and micro_batch must be ≥ 1".into(),
             ));
         }
-        if self.env.kind != "household" {
-            return Err(bad(format!(
-                "env.kind \"{}\" is not available (built-in: household)",
-                self.env.kind
-            )));
+        let e = &self.env;
+        match e.kind.as_str() {
+            k if crate::env::BUILTIN.contains(&k) => {}
+            "http" => {
+                if e.url.as_deref().is_none_or(|u| !u.starts_with("http://")) {
+                    return Err(bad(
+                        "env.kind \"http\" needs env.url = \"http://host:port\"".into(),
+                    ));
+                }
+                if !["id", "env_idx"].contains(&e.id_field.as_str()) {
+                    return Err(bad(format!(
+                        "env.id_field must be \"id\" or \"env_idx\", got \"{}\"",
+                        e.id_field
+                    )));
+                }
+            }
+            "subprocess" => {
+                if e.command.is_empty() {
+                    return Err(bad(
+                        "env.kind \"subprocess\" needs env.command = [\"program\", \"arg\", …]"
+                            .into(),
+                    ));
+                }
+            }
+            other => {
+                return Err(bad(format!(
+                    "env.kind \"{other}\" is not available (household, shop, searchqa, http, subprocess)"
+                )))
+            }
+        }
+        let timeout_ok = e.timeout_s > 0.0;
+        if !timeout_ok {
+            return Err(bad("env.timeout_s must be > 0".into()));
         }
         if self.model.device != "cpu" {
             return Err(bad(format!(

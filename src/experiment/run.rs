@@ -10,7 +10,7 @@ use std::time::Instant;
 use candle_core::Device;
 use serde_json::{json, Value};
 
-use crate::env::{make_env, panel, Env, Task};
+use crate::env::{fill_experts, make_env, panel, Env, Task};
 use crate::experiment::config::{ConfigError, Experiment};
 use crate::experiment::eval::{evaluate, EvalSet};
 use crate::experiment::metrics::{mean, round, std, success_breakdown};
@@ -151,8 +151,8 @@ pub fn run(
         test_tasks: ctx.test.len(),
     });
     let make = {
-        let kind = ctx.exp.env.kind.clone();
-        move |limit: usize| -> Box<dyn Env> { make_env(&kind, limit) }
+        let spec = ctx.exp.env.spec();
+        move |limit: usize| -> Box<dyn Env> { make_env(&spec, limit) }
     };
     if start_step == 0 && !ctx.evals.iter().any(|(s, _)| *s == 0) {
         run_eval(&mut ctx, 0, &make, on_event)?;
@@ -217,8 +217,12 @@ fn setup(exp: Experiment, opts: &RunOptions) -> Result<(Ctx, usize), RunError> {
         None => None,
     };
     std::fs::create_dir_all(run_dir.join("scripts")).map_err(|e| io_err(&run_dir, e))?;
-    let train = panel::read_jsonl(Path::new(&exp.env.train))?;
-    let test = panel::read_jsonl(Path::new(&exp.env.test))?;
+    let mut train = panel::read_jsonl(Path::new(&exp.env.train))?;
+    let mut test = panel::read_jsonl(Path::new(&exp.env.test))?;
+    // A subprocess env can supply the expert actions a panel lacks.
+    let spec = exp.env.spec();
+    fill_experts(&spec, &mut train).map_err(|e| io_err(Path::new(&exp.env.train), e))?;
+    fill_experts(&spec, &mut test).map_err(|e| io_err(Path::new(&exp.env.test), e))?;
     let lens: Vec<usize> = train.iter().map(|t| t.expert.len()).collect();
     let clusters = Clusters::from_lengths(&lens, exp.guidance.clusters);
 
@@ -319,6 +323,7 @@ fn setup(exp: Experiment, opts: &RunOptions) -> Result<(Ctx, usize), RunError> {
         truncate_after(&run_dir.join("metrics.jsonl"), start_step)?;
         truncate_after(&run_dir.join("eval.jsonl"), start_step + 1)?;
         truncate_after(&run_dir.join("reloads.jsonl"), start_step)?;
+        truncate_after(&run_dir.join("env_errors.jsonl"), start_step)?;
     }
     let ropts = RolloutOptions {
         temperature: exp.rollout.temperature,
@@ -757,6 +762,33 @@ fn train_step(
     }
     for r in reverts {
         log_reload(ctx, step, &r, on_event)?;
+    }
+    // Episodes the env failed (dead server, malformed reply, …): each goes
+    // to env_errors.jsonl with its reason; the batch trained without them
+    // losing anything else.
+    let failed: Vec<(String, String)> = groups
+        .iter()
+        .flat_map(|g| g.all.iter())
+        .filter_map(|r| {
+            r.ep.error
+                .as_ref()
+                .map(|e| (r.ep.task_id.clone(), e.clone()))
+        })
+        .collect();
+    if !failed.is_empty() {
+        for (task, error) in &failed {
+            append_line(
+                &ctx.run_dir.join("env_errors.jsonl"),
+                &json!({ "step": step, "task": task, "error": error }),
+            )?;
+        }
+        on_event(Event::Log(format!(
+            "step {}: {} episode(s) failed in the env (env_errors.jsonl), e.g. {}: {}",
+            step + 1,
+            failed.len(),
+            failed[0].0,
+            failed[0].1
+        )));
     }
     Ok(line)
 }

@@ -1,0 +1,173 @@
+//! A client of AgentGym's env-server HTTP API (ENVIRONMENTS.md): `POST
+//! /create` → `{"id"}`, `POST /reset {id, …task.world}` → first
+//! observation and available actions, `POST /step {id, action}` →
+//! observation (or WebShop's `state`), reward, done; `GET
+//! /available_actions?id=` when a reply carries none. The id field is `id`
+//! (ALFWorld adapter) or `env_idx` (WebShop adapter). One server-side env
+//! per client, created on the first reset.
+
+use serde_json::{json, Map, Value};
+
+use super::{check_error, err, field, strings, Limits};
+use crate::env::{Env, EnvError, Observation, Task};
+
+/// The client end of an AgentGym env server.
+pub struct HttpEnv {
+    base: String,
+    id_field: String,
+    limits: Limits,
+    success_reward: f64,
+    agent: ureq::Agent,
+    env_id: Option<Value>,
+}
+
+impl HttpEnv {
+    pub fn new(url: &str, id_field: &str, limits: Limits, success_reward: f64) -> Self {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .timeout_global(Some(limits.timeout))
+            .http_status_as_error(false)
+            .build()
+            .into();
+        HttpEnv {
+            base: url.trim_end_matches('/').to_string(),
+            id_field: id_field.to_string(),
+            limits,
+            success_reward,
+            agent,
+            env_id: None,
+        }
+    }
+
+    fn name(&self) -> String {
+        format!("http env {}", self.base)
+    }
+
+    /// One request; `body` None is a GET. Non-JSON replies, HTTP errors
+    /// and `{"error": …}` are errors.
+    fn call(&self, path: &str, body: Option<Value>) -> Result<Value, EnvError> {
+        let name = self.name();
+        let url = format!("{}/{path}", self.base);
+        let op = path.split('?').next().unwrap_or(path);
+        let resp = match body {
+            Some(b) => self.agent.post(&url).send_json(&b),
+            None => self.agent.get(&url).call(),
+        };
+        let mut resp = resp.map_err(|e| err(&name, op, e))?;
+        let status = resp.status();
+        let text = resp
+            .body_mut()
+            .read_to_string()
+            .map_err(|e| err(&name, op, format!("cannot read the reply: {e}")))?;
+        let v: Value = serde_json::from_str(&text).map_err(|e| {
+            let cut: String = text.chars().take(200).collect();
+            err(&name, op, format!("malformed JSON reply ({e}): {cut}"))
+        })?;
+        check_error(&name, op, &v)?;
+        if !status.is_success() {
+            return Err(err(&name, op, format!("HTTP {status}")));
+        }
+        Ok(v)
+    }
+
+    /// Repeat a request that is safe to repeat.
+    fn call_retrying(&self, path: &str, body: Option<Value>) -> Result<Value, EnvError> {
+        let mut last = None;
+        for attempt in 0..=self.limits.retries {
+            if attempt > 0 {
+                std::thread::sleep(std::time::Duration::from_millis(100 * attempt as u64));
+            }
+            match self.call(path, body.clone()) {
+                Ok(v) => return Ok(v),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.expect("at least one attempt"))
+    }
+
+    fn id(&mut self) -> Result<Value, EnvError> {
+        if let Some(id) = &self.env_id {
+            return Ok(id.clone());
+        }
+        let v = self.call_retrying("create", Some(json!({})))?;
+        let id = field(&self.name(), "create", &v, &self.id_field)
+            .or_else(|_| field(&self.name(), "create", &v, "id"))?
+            .clone();
+        self.env_id = Some(id.clone());
+        Ok(id)
+    }
+
+    fn actions_if_missing(&self, v: &Value, id: &Value) -> Vec<String> {
+        if v.get("available_actions").is_some() {
+            return strings(v.get("available_actions"));
+        }
+        let q = match id {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        self.call(&format!("available_actions?{}={q}", self.id_field), None)
+            .map(|a| match a {
+                Value::Array(_) => strings(Some(&a)),
+                other => strings(other.get("available_actions")),
+            })
+            .unwrap_or_default()
+    }
+}
+
+impl Env for HttpEnv {
+    fn reset(&mut self, task: &Task) -> Result<Observation, EnvError> {
+        let id = self.id()?;
+        let mut body = match &task.world {
+            Value::Object(m) => m.clone(),
+            Value::Null => Map::new(),
+            other => {
+                return Err(EnvError::BadTask {
+                    task: task.id.clone(),
+                    msg: format!("an http env task's `world` must be a JSON object (the reset body), got {other}"),
+                })
+            }
+        };
+        body.insert(self.id_field.clone(), id.clone());
+        let v = self.call_retrying("reset", Some(Value::Object(body)))?;
+        let name = self.name();
+        let text = match v.get("observation").or_else(|| v.get("state")) {
+            Some(Value::String(s)) => s.clone(),
+            Some(other) => other.to_string(),
+            None => {
+                return Err(err(
+                    &name,
+                    "reset",
+                    "reply has no `observation` (or `state`) field",
+                ));
+            }
+        };
+        Ok(Observation {
+            admissible: self.actions_if_missing(&v, &id),
+            text,
+            done: false,
+            reward: 0.0,
+            success: false,
+            valid: true,
+        })
+    }
+
+    fn step(&mut self, action: &str) -> Result<Observation, EnvError> {
+        let id = self
+            .env_id
+            .clone()
+            .ok_or_else(|| err(&self.name(), "step", "step before reset"))?;
+        let mut body = Map::new();
+        body.insert(self.id_field.clone(), id.clone());
+        body.insert("action".into(), json!(action));
+        // A step is never repeated: the server may have applied it.
+        let v = self.call("step", Some(Value::Object(body)))?;
+        let mut obs = super::step_observation(&self.name(), &v, self.success_reward)?;
+        if v.get("available_actions").is_none() && !obs.done {
+            obs.admissible = self.actions_if_missing(&v, &id);
+        }
+        Ok(obs)
+    }
+
+    fn status(&self) -> String {
+        String::new()
+    }
+}

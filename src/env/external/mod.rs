@@ -1,0 +1,147 @@
+//! External environments: a real benchmark (ALFWorld, WebShop, …) running
+//! elsewhere, reached over AgentGym's env-server HTTP API ([`http`]) or a
+//! newline-delimited JSON protocol on a child process's stdin/stdout
+//! ([`subprocess`], documented in `envs/PROTOCOL.md`); and servers that
+//! expose any built-in env over either protocol ([`serve`]) — the
+//! reference implementation, and what the protocol tests talk to.
+//!
+//! Every failure (timeout, dead server, malformed JSON, missing field, an
+//! `{"error": …}` reply) becomes an [`EnvError`] naming the env and the
+//! request: the runner fails that one episode with the reason and the run
+//! goes on.
+
+pub mod http;
+pub mod serve;
+pub mod subprocess;
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::env::{EnvError, Observation};
+
+/// Version of the subprocess protocol (`hello` handshake).
+pub const PROTOCOL_VERSION: u64 = 1;
+
+/// Limits of an external env connection.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Limits {
+    /// Wait at most this long for one reply.
+    pub timeout: Duration,
+    /// Extra attempts for requests that are safe to repeat (create, reset,
+    /// expert); `step` is never repeated.
+    pub retries: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            timeout: Duration::from_secs(30),
+            retries: 2,
+        }
+    }
+}
+
+/// A protocol error: which env, which request, what went wrong.
+pub(crate) fn err(env: &str, request: &str, msg: impl std::fmt::Display) -> EnvError {
+    EnvError::Other(format!("{env}: {request}: {msg}"))
+}
+
+/// Field `key` of a reply, or a "missing field" error.
+pub(crate) fn field<'a>(
+    env: &str,
+    request: &str,
+    v: &'a Value,
+    key: &str,
+) -> Result<&'a Value, EnvError> {
+    v.get(key).ok_or_else(|| {
+        err(
+            env,
+            request,
+            format!("reply has no `{key}` field: {}", short(v)),
+        )
+    })
+}
+
+/// A reply's `error` field, if it has one.
+pub(crate) fn check_error(env: &str, request: &str, v: &Value) -> Result<(), EnvError> {
+    match v.get("error") {
+        Some(Value::Null) | None => Ok(()),
+        Some(e) => Err(err(
+            env,
+            request,
+            format!(
+                "env error: {}",
+                e.as_str().map_or(e.to_string(), String::from)
+            ),
+        )),
+    }
+}
+
+/// A list of strings (available actions), or empty when absent or null.
+pub(crate) fn strings(v: Option<&Value>) -> Vec<String> {
+    v.and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(|x| x.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// At most 200 characters of a value, for error messages.
+pub(crate) fn short(v: &Value) -> String {
+    let s = v.to_string();
+    if s.len() > 200 {
+        format!(
+            "{}…",
+            &s[..s.char_indices().nth(200).map_or(s.len(), |c| c.0)]
+        )
+    } else {
+        s
+    }
+}
+
+/// A step reply in either dialect: `observation` (ALFWorld adapter) or
+/// `state` (WebShop adapter), `reward`, `done`, optional
+/// `available_actions`, optional `success` and `valid`.
+pub(crate) fn step_observation(
+    env: &str,
+    v: &Value,
+    success_reward: f64,
+) -> Result<Observation, EnvError> {
+    check_error(env, "step", v)?;
+    let text = match v.get("observation").or_else(|| v.get("state")) {
+        Some(Value::String(s)) => s.clone(),
+        Some(other) => other.to_string(),
+        None => {
+            return Err(err(
+                env,
+                "step",
+                format!(
+                    "reply has no `observation` (or `state`) field: {}",
+                    short(v)
+                ),
+            ))
+        }
+    };
+    let reward = field(env, "step", v, "reward")?
+        .as_f64()
+        .ok_or_else(|| err(env, "step", "`reward` is not a number"))?;
+    let done = field(env, "step", v, "done")?
+        .as_bool()
+        .ok_or_else(|| err(env, "step", "`done` is not a bool"))?;
+    let success = v
+        .get("success")
+        .and_then(Value::as_bool)
+        .unwrap_or(done && reward >= success_reward);
+    Ok(Observation {
+        text,
+        admissible: strings(v.get("available_actions")),
+        done,
+        reward: reward as f32,
+        success,
+        valid: v.get("valid").and_then(Value::as_bool).unwrap_or(true),
+    })
+}

@@ -1,0 +1,273 @@
+//! Servers that expose a built-in env over the subprocess protocol
+//! (`envs/PROTOCOL.md`, on stdin/stdout) or over AgentGym's HTTP API — the
+//! reference implementation of both, a way to put a built-in env on
+//! another machine, and the counterpart of the protocol tests, with fault
+//! injection (a server that dies mid-episode, one that sends malformed
+//! JSON).
+//!
+//! The HTTP server takes the whole task in its reset body
+//! (`{"id": n, "task": {...}}`), so an http panel's `world` is
+//! `{"task": <the built-in task>}`.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+
+use serde_json::{json, Value};
+
+use super::PROTOCOL_VERSION;
+use crate::env::{builtin_env, household, Env, EnvError, Observation, Task};
+
+/// The expert actions of a built-in task: the task's own, else (household)
+/// planned from its world.
+fn builtin_expert(kind: &str, task: &Task) -> Result<Vec<String>, EnvError> {
+    if !task.expert.is_empty() || kind != "household" {
+        return Ok(task.expert.clone());
+    }
+    let world = household::HouseholdEnv::parse_world(task)?;
+    Ok(household::expert_plan(&world))
+}
+
+/// Faults to inject (tests of the clients' error handling).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Faults {
+    /// Exit abruptly when asked for step number N+1 (counted over the
+    /// whole server process).
+    pub die_after_steps: Option<usize>,
+    /// Answer step requests after the N-th with text that is not JSON.
+    pub malformed_after_steps: Option<usize>,
+    /// Only tasks whose id ends in a number divisible by this are affected
+    /// (1 = all tasks).
+    pub every: usize,
+}
+
+impl Faults {
+    fn applies(&self, task: Option<&str>) -> bool {
+        let every = self.every.max(1) as u64;
+        let n = task
+            .and_then(|id| id.rsplit('-').next())
+            .and_then(|s| s.parse::<u64>().ok())
+            .unwrap_or(0);
+        n.is_multiple_of(every)
+    }
+}
+
+fn obs_json(o: &Observation, status: String) -> Value {
+    json!({
+        "observation": o.text,
+        "available_actions": o.admissible,
+        "reward": o.reward,
+        "done": o.done,
+        "success": o.success,
+        "valid": o.valid,
+        "status": status,
+    })
+}
+
+/// Serve the subprocess protocol on stdin/stdout until `close` or EOF.
+pub fn serve_stdio(kind: &str, max_steps: usize, faults: Faults) -> std::io::Result<()> {
+    let stdin = std::io::stdin();
+    let mut out = std::io::stdout().lock();
+    let mut env: Option<Box<dyn Env>> = None;
+    let mut task_id: Option<String> = None;
+    let mut steps = 0usize;
+    for line in stdin.lock().lines() {
+        let line = line?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let reply = match serde_json::from_str::<Value>(&line) {
+            Err(e) => json!({ "id": null, "error": format!("malformed request: {e}") }),
+            Ok(req) => {
+                let id = req.get("id").cloned().unwrap_or(Value::Null);
+                let op = req.get("op").and_then(Value::as_str).unwrap_or("");
+                let mut r = match op {
+                    "hello" => json!({ "version": PROTOCOL_VERSION, "env": kind }),
+                    "reset" => match serde_json::from_value::<Task>(req["task"].clone()) {
+                        Err(e) => json!({ "error": format!("bad task: {e}") }),
+                        Ok(task) => {
+                            let mut e = builtin_env(kind, max_steps);
+                            match e.reset(&task) {
+                                Ok(o) => {
+                                    let v = obs_json(&o, e.status());
+                                    task_id = Some(task.id.clone());
+                                    env = Some(e);
+                                    v
+                                }
+                                Err(err) => json!({ "error": err.to_string() }),
+                            }
+                        }
+                    },
+                    "step" => {
+                        steps += 1;
+                        let hit = faults.applies(task_id.as_deref());
+                        if hit && faults.die_after_steps.is_some_and(|n| steps > n) {
+                            std::process::exit(3);
+                        }
+                        if hit && faults.malformed_after_steps.is_some_and(|n| steps > n) {
+                            writeln!(out, "{{\"observation\": oops this is not json")?;
+                            out.flush()?;
+                            continue;
+                        }
+                        match (&mut env, req.get("action").and_then(Value::as_str)) {
+                            (None, _) => json!({ "error": "step before reset" }),
+                            (_, None) => json!({ "error": "step needs an `action` string" }),
+                            (Some(e), Some(a)) => match e.step(a) {
+                                Ok(o) => obs_json(&o, e.status()),
+                                Err(err) => json!({ "error": err.to_string() }),
+                            },
+                        }
+                    }
+                    "expert" => match serde_json::from_value::<Task>(req["task"].clone()) {
+                        Ok(task) => match builtin_expert(kind, &task) {
+                            Ok(actions) => json!({ "actions": actions }),
+                            Err(e) => json!({ "error": e.to_string() }),
+                        },
+                        Err(e) => json!({ "error": format!("bad task: {e}") }),
+                    },
+                    "close" => {
+                        writeln!(out, "{}", json!({ "id": id, "ok": true }))?;
+                        out.flush()?;
+                        return Ok(());
+                    }
+                    other => json!({ "error": format!("unknown op `{other}`") }),
+                };
+                r["id"] = id;
+                r
+            }
+        };
+        writeln!(out, "{reply}")?;
+        out.flush()?;
+    }
+    Ok(())
+}
+
+/// A bound HTTP server (call [`HttpServer::run`] to serve).
+pub struct HttpServer {
+    listener: TcpListener,
+    kind: String,
+    max_steps: usize,
+    faults: Faults,
+}
+
+impl HttpServer {
+    /// Bind `127.0.0.1:port` (0 = any free port).
+    pub fn bind(kind: &str, port: u16, max_steps: usize, faults: Faults) -> std::io::Result<Self> {
+        Ok(HttpServer {
+            listener: TcpListener::bind(("127.0.0.1", port))?,
+            kind: kind.to_string(),
+            max_steps,
+            faults,
+        })
+    }
+
+    pub fn url(&self) -> String {
+        match self.listener.local_addr() {
+            Ok(a) => format!("http://{a}"),
+            Err(_) => "http://127.0.0.1".into(),
+        }
+    }
+
+    /// Serve requests one at a time, forever (or until a fault exits).
+    pub fn run(self) -> std::io::Result<()> {
+        let mut envs: BTreeMap<u64, (Box<dyn Env>, String)> = BTreeMap::new();
+        let mut next = 0u64;
+        let mut steps = 0usize;
+        for stream in self.listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let Some((method, path, body)) = read_request(&mut stream) else {
+                continue;
+            };
+            let route = path.split('?').next().unwrap_or("").to_string();
+            let reply: Result<Value, String> = match (method.as_str(), route.as_str()) {
+                ("POST", "/create") => {
+                    next += 1;
+                    envs.insert(
+                        next,
+                        (builtin_env(&self.kind, self.max_steps), String::new()),
+                    );
+                    Ok(json!({ "id": next }))
+                }
+                ("POST", "/reset") => (|| {
+                    let id = body["id"].as_u64().ok_or("reset needs a numeric `id`")?;
+                    let task: Task = serde_json::from_value(body["task"].clone())
+                        .map_err(|e| format!("reset needs the task in `task`: {e}"))?;
+                    let (env, tid) = envs.get_mut(&id).ok_or(format!("no env {id}"))?;
+                    let o = env.reset(&task).map_err(|e| e.to_string())?;
+                    *tid = task.id.clone();
+                    Ok(
+                        json!({ "id": id, "observation": o.text, "available_actions": o.admissible, "task_type": task.task_type }),
+                    )
+                })(),
+                ("POST", "/step") => {
+                    steps += 1;
+                    let id = body["id"].as_u64().unwrap_or(0);
+                    let tid = envs.get(&id).map(|e| e.1.clone());
+                    let hit = self.faults.applies(tid.as_deref());
+                    if hit && self.faults.die_after_steps.is_some_and(|n| steps > n) {
+                        std::process::exit(3);
+                    }
+                    if hit && self.faults.malformed_after_steps.is_some_and(|n| steps > n) {
+                        respond(&mut stream, 200, "{\"observation\": oops this is not json");
+                        continue;
+                    }
+                    (|| {
+                        let action = body["action"]
+                            .as_str()
+                            .ok_or("step needs an `action` string")?;
+                        let (env, _) = envs.get_mut(&id).ok_or(format!("no env {id}"))?;
+                        let o = env.step(action).map_err(|e| e.to_string())?;
+                        Ok(
+                            json!({ "observation": o.text, "reward": o.reward, "done": o.done, "available_actions": o.admissible, "success": o.success, "valid": o.valid }),
+                        )
+                    })()
+                }
+                ("GET", "/available_actions") | ("GET", "/observation") => Err(format!(
+                    "{route} is not served: replies carry the actions and observation"
+                )),
+                _ => Err(format!("no route {method} {route}")),
+            };
+            match reply {
+                Ok(v) => respond(&mut stream, 200, &v.to_string()),
+                Err(e) => respond(&mut stream, 400, &json!({ "error": e }).to_string()),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// (method, path, JSON body or null) of one HTTP/1.1 request.
+fn read_request(stream: &mut TcpStream) -> Option<(String, String, Value)> {
+    let mut reader = BufReader::new(stream.try_clone().ok()?);
+    let mut first = String::new();
+    reader.read_line(&mut first).ok()?;
+    let mut parts = first.split_whitespace();
+    let method = parts.next()?.to_string();
+    let path = parts.next()?.to_string();
+    let mut len = 0usize;
+    loop {
+        let mut h = String::new();
+        if reader.read_line(&mut h).ok()? == 0 || h == "\r\n" || h == "\n" {
+            break;
+        }
+        if let Some((k, v)) = h.split_once(':') {
+            if k.trim().eq_ignore_ascii_case("content-length") {
+                len = v.trim().parse().unwrap_or(0);
+            }
+        }
+    }
+    let mut buf = vec![0u8; len];
+    reader.read_exact(&mut buf).ok()?;
+    let body = serde_json::from_slice(&buf).unwrap_or(Value::Null);
+    Some((method, path, body))
+}
+
+fn respond(stream: &mut TcpStream, code: u16, body: &str) {
+    let reason = if code == 200 { "OK" } else { "Bad Request" };
+    let _ = write!(
+        stream,
+        "HTTP/1.1 {code} {reason}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = stream.flush();
+}

@@ -1,0 +1,214 @@
+//! Protocol tests: the built-in household env served over the subprocess
+//! protocol and over AgentGym's HTTP API (by `actguide serve-env`, on
+//! loopback), healthy and with injected faults — a server that dies
+//! mid-episode, one that sends malformed JSON. Training runs complete and
+//! report the failed episodes; the rest of each batch trains.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use actguide::env::panel::{read_jsonl, write_jsonl};
+use actguide::experiment::{self, Event, Experiment, RunOptions};
+use serde_json::{json, Value};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+const BIN: &str = env!("CARGO_BIN_EXE_actguide");
+
+/// Run 2 steps against an external env; `env` is the env map's extra keys.
+fn run(
+    tmp: &Path,
+    name: &str,
+    env: &str,
+    train: &Path,
+    test: &Path,
+) -> (Vec<Value>, Vec<Value>, Vec<String>) {
+    let r = root();
+    let src = format!(
+        r#"#{{ name: "{name}", seed: 3, steps: 2, runs_dir: "{runs}",
+             model: #{{ path: "{r}/models/tiny" }},
+             env: #{{ {env}, train: "{train}", test: "{test}", max_steps: 4, step_slack: 1, timeout_s: 10.0, retries: 1 }},
+             guidance: #{{ script: "{r}/scripts/guidance/fixed.rhai" }},
+             rollout: #{{ tasks_per_step: 4, group_size: 2, show_actions: false, history: 1 }},
+             evaluation: #{{ every: 0, max_tasks: 2 }}, checkpoint: #{{ every: 0 }} }}"#,
+        runs = tmp.join("runs").display(),
+        r = r.display(),
+        train = train.display(),
+        test = test.display(),
+    );
+    let exp = Experiment::from_source("x.rhai", &src).unwrap();
+    let mut logs = Vec::new();
+    let s = experiment::run(exp, &RunOptions::default(), &mut |ev| {
+        if let Event::Log(l) = ev {
+            logs.push(l)
+        }
+    })
+    .unwrap();
+    assert_eq!(s.steps_done, 2);
+    let read = |f: &str| -> Vec<Value> {
+        std::fs::read_to_string(s.run_dir.join(f))
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    (read("metrics.jsonl"), read("env_errors.jsonl"), logs)
+}
+
+/// The first 16 household tasks; `wrap` turns each into the panel's task.
+fn panel(tmp: &Path, name: &str, wrap: impl Fn(Value) -> Value) -> PathBuf {
+    let tasks = read_jsonl(&root().join("envs/household/train.jsonl")).unwrap();
+    let out: Vec<_> = tasks
+        .into_iter()
+        .take(16)
+        .map(|t| serde_json::from_value(wrap(serde_json::to_value(&t).unwrap())).unwrap())
+        .collect();
+    let p = tmp.join(format!("{name}.jsonl"));
+    write_jsonl(&p, &out).unwrap();
+    p
+}
+
+fn errors(m: &[Value]) -> u64 {
+    m.iter().map(|l| l["env_errors"].as_u64().unwrap()).sum()
+}
+
+fn episodes(m: &[Value]) -> u64 {
+    m.iter().map(|l| l["episodes"].as_u64().unwrap()).sum()
+}
+
+fn stdio(extra: &[&str]) -> String {
+    let mut cmd = vec![BIN, "serve-env", "--protocol", "stdio"];
+    cmd.extend(extra);
+    let quoted: Vec<String> = cmd.iter().map(|c| format!("\"{c}\"")).collect();
+    format!("kind: \"subprocess\", command: [{}]", quoted.join(", "))
+}
+
+#[test]
+fn subprocess_env_trains_and_supplies_expert_actions() {
+    let tmp = tempfile::tempdir().unwrap();
+    // No expert actions in the panel: the env supplies them.
+    let p = panel(tmp.path(), "noexpert", |mut t| {
+        t["expert"] = json!([]);
+        t
+    });
+    let (m, errs, _) = run(tmp.path(), "ok", &stdio(&[]), &p, &p);
+    assert_eq!(errors(&m), 0, "{errs:?}");
+    assert!(
+        m.iter().any(|l| l["depth_mean"].as_f64().unwrap() > 0.0),
+        "{m:?}"
+    );
+    assert!(m.iter().all(|l| l["policy_tokens"].as_u64().unwrap() > 0));
+}
+
+#[test]
+fn subprocess_env_dying_or_sending_malformed_json_fails_only_those_episodes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let p = panel(tmp.path(), "tasks", |t| t);
+    for (name, fault, needle) in [
+        ("dies", "--die-after-steps", "the env process"),
+        ("garbles", "--malformed-after-steps", "malformed JSON"),
+    ] {
+        // Tasks with an even id number fault at their second step.
+        let env = stdio(&[fault, "1", "--fault-every", "2"]);
+        let (m, errs, logs) = run(tmp.path(), name, &env, &p, &p);
+        let n = errors(&m);
+        assert!(n > 0 && n < episodes(&m), "{name}: {n} of {}", episodes(&m));
+        assert_eq!(errs.len() as u64, n);
+        for e in &errs {
+            let id = e["task"].as_str().unwrap();
+            let num: u64 = id.rsplit('-').next().unwrap().parse().unwrap();
+            assert_eq!(num % 2, 0, "{e}");
+            assert!(e["error"].as_str().unwrap().contains(needle), "{e}");
+        }
+        assert!(
+            logs.iter().any(|l| l.contains("failed in the env")),
+            "{logs:?}"
+        );
+    }
+}
+
+/// `actguide serve-env --protocol http` on a free port; kill on drop.
+struct Server(Child, String);
+
+impl Server {
+    fn start(extra: &[&str]) -> Server {
+        let mut child = Command::new(BIN)
+            .args(["serve-env", "--protocol", "http", "--port", "0"])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let url = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap()
+            .to_string();
+        Server(child, url)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn http_env_server_healthy_dying_and_malformed() {
+    let tmp = tempfile::tempdir().unwrap();
+    // The server's reset body carries the task; expert actions stay in the
+    // panel (AgentGym's API has no expert request).
+    let p = panel(tmp.path(), "http", |t| {
+        let mut w = t.clone();
+        w["world"] = json!({ "task": t });
+        w
+    });
+    let ok = Server::start(&[]);
+    let env = format!("kind: \"http\", url: \"{}\"", ok.1);
+    let (m, errs, _) = run(tmp.path(), "http-ok", &env, &p, &p);
+    assert_eq!(errors(&m), 0, "{errs:?}");
+    assert!(m.iter().any(|l| l["depth_mean"].as_f64().unwrap() > 0.0));
+
+    // Malformed replies for even-numbered tasks after the first step.
+    let bad = Server::start(&["--malformed-after-steps", "1", "--fault-every", "2"]);
+    let env = format!("kind: \"http\", url: \"{}\"", bad.1);
+    let (m, errs, _) = run(tmp.path(), "http-bad", &env, &p, &p);
+    let n = errors(&m);
+    assert!(
+        n > 0 && n < episodes(&m),
+        "{n} of {}: {errs:?}",
+        episodes(&m)
+    );
+    assert!(errs
+        .iter()
+        .all(|e| e["error"].as_str().unwrap().contains("malformed JSON")));
+
+    // The server dies at its 7th step, in the middle of the first
+    // training step's episodes (one server holds every episode, so all
+    // episodes in flight and after fail): the run still completes, and
+    // each failed episode is reported with the connection error.
+    let dead = Server::start(&["--die-after-steps", "6"]);
+    let env = format!("kind: \"http\", url: \"{}\"", dead.1);
+    let (m, errs, logs) = run(tmp.path(), "http-dead", &env, &p, &p);
+    assert_eq!(errors(&m), episodes(&m));
+    assert_eq!(errs.len() as u64, episodes(&m));
+    assert!(
+        errs.iter()
+            .all(|e| e["error"].as_str().unwrap().contains(&dead.1)),
+        "{errs:?}"
+    );
+    assert_eq!(
+        logs.iter()
+            .filter(|l| l.contains("failed in the env"))
+            .count(),
+        2
+    );
+}
