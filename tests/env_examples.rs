@@ -41,6 +41,10 @@ fn shop_and_searchqa_examples_train_and_write_metrics() {
             m.iter().any(|l| l["plan_k_mean"].as_f64().unwrap() > 0.0),
             "{name}: no plan fallback in {m:?}"
         );
+        if name == "searchqa_actguide" {
+            // The answers' token F1 is logged.
+            assert!(m.iter().any(|l| l["env_info"]["f1"].is_number()), "{m:?}");
+        }
         let eval = std::fs::read_to_string(s.run_dir.join("eval.jsonl")).unwrap();
         assert_eq!(eval.lines().count(), 2, "{name}");
     }

@@ -212,3 +212,47 @@ fn http_env_server_healthy_dying_and_malformed() {
         2
     );
 }
+
+#[test]
+fn silent_and_unreachable_envs_time_out_with_a_clear_error() {
+    use actguide::env::external::Limits;
+    use actguide::env::{make_env, EnvKind, EnvSpec};
+    use std::time::{Duration, Instant};
+    let task = read_jsonl(&root().join("envs/household/train.jsonl")).unwrap()[0].clone();
+    let limits = Limits {
+        timeout: Duration::from_millis(300),
+        retries: 1,
+    };
+    // A process that never answers.
+    let spec = EnvSpec {
+        kind: EnvKind::Subprocess {
+            command: vec!["sleep".into(), "30".into()],
+        },
+        limits,
+        success_reward: 1.0,
+    };
+    let t0 = Instant::now();
+    let e = make_env(&spec, 5).reset(&task).err().unwrap().to_string();
+    assert!(e.contains("hello: no reply within 0.3 s"), "{e}");
+    // Two attempts (1 retry), each cut at the timeout.
+    assert!(t0.elapsed() < Duration::from_secs(5));
+    // Nothing listens on this port.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let spec = EnvSpec {
+        kind: EnvKind::Http {
+            url: format!("http://127.0.0.1:{port}"),
+            id_field: "id".into(),
+        },
+        limits,
+        success_reward: 1.0,
+    };
+    let e = make_env(&spec, 5).reset(&task).err().unwrap().to_string();
+    assert!(
+        e.contains(&format!("http env http://127.0.0.1:{port}: create:")),
+        "{e}"
+    );
+}

@@ -44,6 +44,10 @@ pub struct Observation {
     pub success: bool,
     /// The action was a valid command (false for "Nothing happens.").
     pub valid: bool,
+    /// Numeric extras of the env (searchqa's answer F1, an external env's
+    /// numeric `info` fields); the run logs the mean of each over the
+    /// step's episodes, from their last observation.
+    pub info: std::collections::BTreeMap<String, f64>,
 }
 
 /// Errors an environment can raise (bad task data, protocol trouble).

@@ -709,6 +709,17 @@ fn train_step(
         .collect();
     let step_s = t_step.elapsed().as_secs_f64();
     let spent: usize = groups.iter().map(|g| g.spent()).sum();
+    // Mean of each numeric env extra over the episodes that report it.
+    let mut info: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    for e in &episodes {
+        for (k, v) in &e.info {
+            info.entry(k.clone()).or_default().push(*v);
+        }
+    }
+    let env_info: serde_json::Map<String, Value> = info
+        .into_iter()
+        .map(|(k, v)| (k, json!(round(mean(&v)))))
+        .collect();
     let rounds_block = json!({
         "probe_rollouts": groups.iter().map(|g| g.probes()).sum::<usize>(),
         "trained_rollouts": episodes.len(),
@@ -734,6 +745,7 @@ fn train_step(
         "valid_action_ratio": round(1.0 - invalid as f64 / policy_turns.max(1) as f64),
         "episode_len": round(policy_turns as f64 / episodes.len().max(1) as f64),
         "env_errors": episodes.iter().filter(|e| e.error.is_some()).count(),
+        "env_info": env_info,
         "pg_loss": round(tstats.pg_loss),
         "aux_loss": round(tstats.aux_loss),
         "kl": round(tstats.kl),

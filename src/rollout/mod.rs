@@ -101,6 +101,8 @@ pub struct Episode {
     /// How many reference actions the episode reproduced in order from the
     /// start (executed prefix included).
     pub expert_match: usize,
+    /// The env's numeric extras from the episode's last observation.
+    pub info: std::collections::BTreeMap<String, f64>,
 }
 
 /// Throughput counters of one `run` call.
@@ -228,6 +230,7 @@ pub fn run(
             stopped: false,
             actions: Vec::new(),
             expert_match: 0,
+            info: Default::default(),
         };
         let mut l = Live {
             req: req.clone(),
@@ -433,6 +436,9 @@ pub fn run(
             match l.env.step(&action) {
                 Ok(obs) => {
                     l.ep.reward += f64::from(obs.reward);
+                    if !obs.info.is_empty() {
+                        l.ep.info = obs.info;
+                    }
                     let before = std::mem::replace(&mut l.observation, obs.text);
                     l.history.push(Step {
                         observation: before,

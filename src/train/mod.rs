@@ -576,6 +576,7 @@ mod tests {
             stopped: false,
             actions: vec![],
             expert_match: 0,
+            info: Default::default(),
         };
         let s = build_samples(std::slice::from_ref(&ep), &[0.5], &SampleOptions::default());
         assert_eq!(s.len(), 1);
@@ -623,6 +624,7 @@ mod tests {
             stopped: false,
             actions: vec![],
             expert_match: 0,
+            info: Default::default(),
         }
     }
 

@@ -147,6 +147,7 @@ impl Env for HttpEnv {
             reward: 0.0,
             success: false,
             valid: true,
+            info: Default::default(),
         })
     }
 

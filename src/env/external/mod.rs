@@ -143,5 +143,15 @@ pub(crate) fn step_observation(
         reward: reward as f32,
         success,
         valid: v.get("valid").and_then(Value::as_bool).unwrap_or(true),
+        // Numeric fields of WebShop-style `info` objects.
+        info: v
+            .get("info")
+            .and_then(Value::as_object)
+            .map(|m| {
+                m.iter()
+                    .filter_map(|(k, x)| x.as_f64().map(|f| (k.clone(), f)))
+                    .collect()
+            })
+            .unwrap_or_default(),
     })
 }

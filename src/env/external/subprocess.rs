@@ -222,6 +222,7 @@ impl Env for SubprocessEnv {
                         reward: 0.0,
                         success: false,
                         valid: true,
+                        info: Default::default(),
                     });
                 }
                 Err(e) => last = Some(e),

@@ -101,6 +101,7 @@ impl Env for HouseholdEnv {
             reward: 0.0,
             success: false,
             valid: true,
+            info: Default::default(),
         })
     }
 
@@ -125,6 +126,7 @@ impl Env for HouseholdEnv {
             reward: if success { 1.0 } else { 0.0 },
             success,
             valid,
+            info: Default::default(),
         })
     }
 

@@ -384,6 +384,7 @@ impl Env for SearchQaEnv {
             reward: 0.0,
             success: false,
             valid: true,
+            info: Default::default(),
         };
         self.episode = Some(ep);
         Ok(obs)
@@ -411,6 +412,11 @@ impl Env for SearchQaEnv {
             reward: if success { 1.0 } else { 0.0 },
             success,
             valid,
+            // The answer's token F1 (SQuAD-style), logged by the run.
+            info: ep
+                .answer_f1
+                .map(|f| [("f1".to_string(), f)].into_iter().collect())
+                .unwrap_or_default(),
         })
     }
 

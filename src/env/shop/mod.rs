@@ -95,6 +95,7 @@ impl Env for ShopEnv {
             reward: 0.0,
             success: false,
             valid: true,
+            info: Default::default(),
         };
         self.episode = Some(Episode {
             sim,
@@ -129,6 +130,7 @@ impl Env for ShopEnv {
             reward: reward as f32,
             success: reward == 1.0,
             valid,
+            info: Default::default(),
         })
     }
 
