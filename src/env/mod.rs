@@ -91,16 +91,33 @@ pub fn generate_panels(
     n_train: usize,
     n_test: usize,
 ) -> Result<(Vec<Task>, Vec<Task>), EnvError> {
-    Ok(match kind {
-        "household" => household::generate_panels(seed, n_train, n_test),
-        "shop" => shop::generate_panels(seed, n_train, n_test),
-        "searchqa" => searchqa::generate_panels(seed, n_train, n_test),
+    let gen: fn(u64, usize, usize) -> (Vec<Task>, Vec<Task>) = match kind {
+        "household" => household::generate_panels,
+        "shop" => shop::generate_panels,
+        "searchqa" => searchqa::generate_panels,
         other => {
             return Err(EnvError::Other(format!(
                 "unknown env `{other}` (built-in: {})",
                 BUILTIN.join(", ")
             )))
         }
+    };
+    // The generators assert when a panel asks for more distinct tasks than
+    // the env has (searchqa's question pool, shop's goals): that is a bad
+    // request, reported as an error rather than a crash.
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let out = std::panic::catch_unwind(|| gen(seed, n_train, n_test));
+    std::panic::set_hook(hook);
+    out.map_err(|p| {
+        let why = p
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_else(|| "the generator gave up".into());
+        EnvError::Other(format!(
+            "cannot generate {n_train} train and {n_test} test {kind} tasks: {why}"
+        ))
     })
 }
 
