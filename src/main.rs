@@ -88,6 +88,27 @@ enum Cmd {
         #[command(subcommand)]
         cmd: TasksCmd,
     },
+    /// Evaluate a run's latest checkpoint (or a checkpoint directory) on a
+    /// panel: greedy and sampled success, unbiased pass@k, by task type,
+    /// cluster and in-/out-region (against the run's initial policy).
+    Eval {
+        /// A run directory or runs/<name>/checkpoints/step-NNNNNN.
+        path: PathBuf,
+        /// "test", "train" or a panel file.
+        #[arg(long, default_value = "test")]
+        panel: String,
+        /// Sampled rollouts per task (pass@k up to this k).
+        #[arg(long, default_value_t = 8)]
+        samples: usize,
+        /// Evaluate the first N tasks only (0 = all).
+        #[arg(long, default_value_t = 0)]
+        max_tasks: usize,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Serve a built-in env over the subprocess protocol (stdin/stdout,
     /// envs/PROTOCOL.md) or AgentGym's HTTP API, for external use and the
     /// protocol tests.
@@ -238,6 +259,31 @@ fn dispatch(cli: Cli) -> Result<()> {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
                 print!("{}", table(&report));
+            }
+            Ok(())
+        }
+        Cmd::Eval {
+            path,
+            panel,
+            samples,
+            max_tasks,
+            seed,
+            json,
+        } => {
+            use actguide::experiment::eval::{eval_checkpoint, eval_table, EvalOptions};
+            let v = eval_checkpoint(
+                &path,
+                &EvalOptions {
+                    panel,
+                    samples,
+                    max_tasks,
+                    seed,
+                },
+            )?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                print!("{}", eval_table(&v));
             }
             Ok(())
         }

@@ -81,6 +81,33 @@ fn same_seed_gives_identical_metrics() {
     assert!(ma.iter().all(|m| m["policy_tokens"].as_u64().unwrap() > 0));
     assert!(ma.iter().any(|m| m["grad_norm"].as_f64().unwrap() > 0.0));
     assert_eq!(weights(&sa.run_dir, 3), weights(&sb.run_dir, 3));
+    // `actguide eval` of the run: reproducible, pass@k consistent.
+    use actguide::experiment::eval::{eval_checkpoint, EvalOptions};
+    let o = EvalOptions {
+        panel: "test".into(),
+        samples: 4,
+        max_tasks: 6,
+        seed: 1,
+    };
+    let e1 = eval_checkpoint(&sa.run_dir, &o).unwrap();
+    let e2 = eval_checkpoint(&sa.run_dir.join("checkpoints/step-000003"), &o).unwrap();
+    assert_eq!(e1, e2);
+    assert_eq!(e1["step"], 3);
+    let all = &e1["all"];
+    assert_eq!(all["tasks"], 6);
+    assert_eq!(all["pass_at_k"]["1"], all["sampled_success"]);
+    let p: Vec<f64> = ["1", "2", "4"]
+        .iter()
+        .map(|k| all["pass_at_k"][*k].as_f64().unwrap())
+        .collect();
+    assert!(p[0] <= p[1] && p[1] <= p[2], "{p:?}");
+    let regions: u64 = e1["by_region"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|r| r["tasks"].as_u64().unwrap())
+        .sum();
+    assert_eq!(regions, 6);
     // A different seed gives a different run.
     let mut c = experiment(tmp.path(), "c", 3, "gaussian.rhai");
     c.seed = 12;

@@ -1,5 +1,8 @@
 //! Evaluation on a task panel: unguided rollouts (greedy or sampled), with
-//! success overall, by task type and by difficulty cluster.
+//! success overall, by task type and by difficulty cluster — during runs
+//! ([`evaluate`]) and for a saved checkpoint (`actguide eval`,
+//! [`eval_checkpoint`]), where it adds unbiased pass@k and the in-region /
+//! out-region split against the run's initial policy.
 
 use rand_chacha::ChaCha8Rng;
 use serde_json::Value;
@@ -44,4 +47,335 @@ pub fn evaluate(
     let pairs: Vec<(&Task, &rollout::Episode)> =
         reqs.iter().map(|r| r.task).zip(eps.iter()).collect();
     Ok((success_breakdown(&pairs, set.clusters), stats))
+}
+
+/// Unbiased pass@k from `c` successes in `n` samples (Chen et al. 2021):
+/// 1 − C(n−c, k) / C(n, k), computed as a stable product.
+pub fn pass_at_k(n: usize, c: usize, k: usize) -> f64 {
+    if k == 0 || n == 0 {
+        return 0.0;
+    }
+    let k = k.min(n);
+    if n - c < k {
+        return 1.0;
+    }
+    let mut miss = 1.0f64;
+    for i in (n - c + 1)..=n {
+        miss *= 1.0 - k as f64 / i as f64;
+    }
+    1.0 - miss
+}
+
+/// What `actguide eval` measures.
+#[derive(Debug, Clone)]
+pub struct EvalOptions {
+    /// "test", "train", or a panel file.
+    pub panel: String,
+    /// Sampled rollouts per task (pass@k for k up to this).
+    pub samples: usize,
+    /// 0 = every task of the panel.
+    pub max_tasks: usize,
+    pub seed: u64,
+}
+
+/// Per-task outcome counts of one policy.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct TaskCounts {
+    pub id: String,
+    pub greedy: bool,
+    pub successes: usize,
+    pub samples: usize,
+}
+
+/// The powers of two up to `n`, and `n`.
+fn ks(n: usize) -> Vec<usize> {
+    let mut out: Vec<usize> = (0..).map(|i| 1usize << i).take_while(|&k| k <= n).collect();
+    if out.last() != Some(&n) && n > 0 {
+        out.push(n);
+    }
+    out
+}
+
+/// Success (greedy and sampled) and pass@k of a group of tasks.
+fn summary(counts: &[&TaskCounts], n: usize) -> Value {
+    let t = counts.len().max(1) as f64;
+    let pass: serde_json::Map<String, Value> = ks(n)
+        .into_iter()
+        .map(|k| {
+            let p = counts
+                .iter()
+                .map(|c| pass_at_k(c.samples, c.successes, k))
+                .sum::<f64>()
+                / t;
+            (
+                k.to_string(),
+                serde_json::json!(crate::experiment::metrics::round(p)),
+            )
+        })
+        .collect();
+    serde_json::json!({
+        "tasks": counts.len(),
+        "greedy_success": crate::experiment::metrics::round(counts.iter().filter(|c| c.greedy).count() as f64 / t),
+        "sampled_success": crate::experiment::metrics::round(counts.iter().map(|c| c.successes as f64 / c.samples.max(1) as f64).sum::<f64>() / t),
+        "pass_at_k": pass,
+    })
+}
+
+/// Evaluate the checkpoint at `path` (a run directory: its latest
+/// checkpoint; or a checkpoint directory) on a panel: greedy and sampled
+/// success, unbiased pass@k, broken down by task type, difficulty cluster
+/// and in-region / out-region (in-region: tasks the run's initial policy
+/// solves at least once in `samples` samples). Deterministic in `seed`.
+pub fn eval_checkpoint(
+    path: &std::path::Path,
+    o: &EvalOptions,
+) -> Result<Value, crate::experiment::RunError> {
+    use crate::env::{make_env, panel};
+    use crate::experiment::config::Experiment;
+    use crate::experiment::RunError;
+    use crate::model::{ModelConfig, Policy};
+    use crate::seed;
+    use crate::train::checkpoint;
+    use candle_core::Device;
+    use std::path::Path;
+
+    let io = |p: &Path, e: String| RunError::Io {
+        path: p.display().to_string(),
+        msg: e,
+    };
+    let device = Device::Cpu;
+    let (run_dir, loaded) = if path.join("experiment.json").exists() {
+        (path.to_path_buf(), checkpoint::load_latest(path, &device)?)
+    } else if path.join("state.json").exists() {
+        let run = path.parent().and_then(Path::parent).ok_or_else(|| {
+            io(
+                path,
+                "a checkpoint directory lies in <run>/checkpoints/".into(),
+            )
+        })?;
+        (run.to_path_buf(), checkpoint::load_dir(path, &device)?)
+    } else {
+        return Err(io(
+            path,
+            "not a run directory (experiment.json) or a checkpoint directory (state.json)".into(),
+        ));
+    };
+    let exp_path = run_dir.join("experiment.json");
+    let text = std::fs::read_to_string(&exp_path).map_err(|e| io(&exp_path, e.to_string()))?;
+    let exp: Experiment = serde_json::from_str(&text).map_err(|e| io(&exp_path, e.to_string()))?;
+    let panel_path = match o.panel.as_str() {
+        "test" => std::path::PathBuf::from(&exp.env.test),
+        "train" => std::path::PathBuf::from(&exp.env.train),
+        other => std::path::PathBuf::from(other),
+    };
+    let mut tasks = panel::read_jsonl(&panel_path)?;
+    if o.max_tasks > 0 {
+        tasks.truncate(o.max_tasks);
+    }
+    let train = panel::read_jsonl(Path::new(&exp.env.train))?;
+    let lens: Vec<usize> = train.iter().map(|t| t.expert.len()).collect();
+    let clusters = Clusters::from_lengths(&lens, exp.guidance.clusters);
+    let cfg = ModelConfig::from_file(&loaded.dir.join("config.json"))?;
+    let tok = Tok::from_file(&loaded.dir.join("tokenizer.json"))?;
+    let trained = Policy::from_tensors(
+        &cfg,
+        loaded.weights.clone(),
+        &loaded.dir.join("model.safetensors").display().to_string(),
+    )?;
+    // The run's initial policy, as the run built it.
+    let w = Path::new(&exp.model.path).join("model.safetensors");
+    let initial = if w.exists() {
+        Policy::load_safetensors(&cfg, &w, &device)?
+    } else {
+        Policy::new_random(
+            &cfg,
+            &mut seed::rng(exp.seed, &[seed::label("init")]),
+            &device,
+        )?
+    };
+    let spec = exp.env.spec();
+    let make = move |limit: usize| make_env(&spec, limit);
+    let mut opts = RolloutOptions {
+        temperature: exp.rollout.temperature,
+        top_p: exp.rollout.top_p,
+        greedy: false,
+        constrained: exp.rollout.constrained,
+        history: exp.rollout.history,
+        invalid_penalty: exp.rollout.invalid_penalty,
+        max_action_tokens: exp.rollout.max_action_tokens,
+        show_actions: exp.rollout.show_actions,
+        record_prefix: false,
+        max_steps: exp.env.max_steps,
+        step_slack: exp.env.step_slack,
+    };
+    let n = o.samples.max(1);
+    let counts = |policy: &Policy,
+                  opts: &RolloutOptions,
+                  samples: usize,
+                  label: &str|
+     -> Result<Vec<usize>, RunError> {
+        let reqs: Vec<EpisodeRequest> = tasks
+            .iter()
+            .flat_map(|t| {
+                (0..samples).map(move |_| EpisodeRequest {
+                    task: t,
+                    spec: ResolvedSpec::default(),
+                })
+            })
+            .collect();
+        let mut rng = seed::rng(o.seed, &[seed::label(label)]);
+        let (eps, _) = rollout::run(policy, &tok, &make, &reqs, opts, &mut rng, None)?;
+        Ok(eps
+            .chunks(samples)
+            .map(|g| g.iter().filter(|e| e.success).count())
+            .collect())
+    };
+    let sampled = counts(&trained, &opts, n, "eval-sampled")?;
+    let before = counts(&initial, &opts, n, "eval-initial")?;
+    opts.greedy = true;
+    let greedy = counts(&trained, &opts, 1, "eval-greedy")?;
+    let initial_greedy = counts(&initial, &opts, 1, "eval-initial-greedy")?;
+    let per: Vec<TaskCounts> = tasks
+        .iter()
+        .enumerate()
+        .map(|(i, t)| TaskCounts {
+            id: t.id.clone(),
+            greedy: greedy[i] > 0,
+            successes: sampled[i],
+            samples: n,
+        })
+        .collect();
+    let init: Vec<TaskCounts> = tasks
+        .iter()
+        .enumerate()
+        .map(|(i, t)| TaskCounts {
+            id: t.id.clone(),
+            greedy: initial_greedy[i] > 0,
+            successes: before[i],
+            samples: n,
+        })
+        .collect();
+    let group = |f: &dyn Fn(usize) -> String| -> serde_json::Map<String, Value> {
+        let mut by: std::collections::BTreeMap<String, Vec<&TaskCounts>> = Default::default();
+        for (i, c) in per.iter().enumerate() {
+            by.entry(f(i)).or_default().push(c);
+        }
+        by.into_iter().map(|(k, v)| (k, summary(&v, n))).collect()
+    };
+    let region = |i: usize| {
+        if before[i] > 0 {
+            "in".to_string()
+        } else {
+            "out".to_string()
+        }
+    };
+    Ok(serde_json::json!({
+        "checkpoint": loaded.dir.display().to_string(),
+        "step": loaded.state.step,
+        "panel": panel_path.display().to_string(),
+        "samples": n,
+        "seed": o.seed,
+        "all": summary(&per.iter().collect::<Vec<_>>(), n),
+        "initial": summary(&init.iter().collect::<Vec<_>>(), n),
+        "by_type": group(&|i| tasks[i].task_type.clone()),
+        "by_cluster": group(&|i| clusters.of(tasks[i].expert.len()).to_string()),
+        "by_region": group(&region),
+        "tasks": per,
+    }))
+}
+
+/// The readable table of an `eval_checkpoint` result.
+pub fn eval_table(v: &Value) -> String {
+    let mut s = format!(
+        "checkpoint {} (step {}), panel {}, {} samples/task, seed {}\n",
+        v["checkpoint"].as_str().unwrap_or("?"),
+        v["step"],
+        v["panel"].as_str().unwrap_or("?"),
+        v["samples"],
+        v["seed"]
+    );
+    let ks: Vec<String> = v["all"]["pass_at_k"]
+        .as_object()
+        .map(|m| m.keys().cloned().collect())
+        .unwrap_or_default();
+    let mut ks = ks;
+    ks.sort_by_key(|k| k.parse::<usize>().unwrap_or(0));
+    s.push_str(&format!(
+        "{:<28} {:>6} {:>7} {:>8}",
+        "group", "tasks", "greedy", "sampled"
+    ));
+    for k in &ks {
+        s.push_str(&format!(" {:>8}", format!("pass@{k}")));
+    }
+    s.push('\n');
+    let mut row = |name: &str, r: &Value| {
+        s.push_str(&format!(
+            "{:<28} {:>6} {:>7.3} {:>8.3}",
+            name,
+            r["tasks"].as_u64().unwrap_or(0),
+            r["greedy_success"].as_f64().unwrap_or(0.0),
+            r["sampled_success"].as_f64().unwrap_or(0.0)
+        ));
+        for k in &ks {
+            s.push_str(&format!(
+                " {:>8.3}",
+                r["pass_at_k"][k].as_f64().unwrap_or(0.0)
+            ));
+        }
+        s.push('\n');
+    };
+    row("all", &v["all"]);
+    row("initial policy (all)", &v["initial"]);
+    for (section, label) in [
+        ("by_region", "region"),
+        ("by_cluster", "cluster"),
+        ("by_type", ""),
+    ] {
+        if let Some(m) = v[section].as_object() {
+            for (k, r) in m {
+                let name = if label.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{label} {k}")
+                };
+                row(&name, r);
+            }
+        }
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The closed form, with exact binomials.
+    fn closed(n: usize, c: usize, k: usize) -> f64 {
+        fn binom(n: usize, k: usize) -> f64 {
+            if k > n {
+                return 0.0;
+            }
+            (0..k).fold(1.0, |acc, i| acc * (n - i) as f64 / (i + 1) as f64)
+        }
+        1.0 - binom(n - c, k) / binom(n, k)
+    }
+
+    #[test]
+    fn pass_at_k_matches_the_closed_form() {
+        for n in 1..=16 {
+            for c in 0..=n {
+                for k in 1..=n {
+                    let a = pass_at_k(n, c, k);
+                    let b = closed(n, c, k);
+                    assert!((a - b).abs() < 1e-12, "n {n} c {c} k {k}: {a} vs {b}");
+                }
+            }
+        }
+        // pass@1 is the success rate; no success, no pass.
+        assert!((pass_at_k(8, 3, 1) - 3.0 / 8.0).abs() < 1e-12);
+        assert_eq!(pass_at_k(8, 0, 8), 0.0);
+        assert_eq!(pass_at_k(8, 1, 8), 1.0);
+        assert_eq!(ks(6), vec![1, 2, 4, 6]);
+        assert_eq!(ks(8), vec![1, 2, 4, 8]);
+    }
 }

@@ -112,7 +112,12 @@ pub fn load_latest(run_dir: &Path, device: &Device) -> Result<Loaded, Checkpoint
     let latest = root.join("latest");
     let name = std::fs::read_to_string(&latest)
         .map_err(|e| io(&latest, format!("no checkpoint to resume from ({e})")))?;
-    let dir = root.join(name.trim());
+    load_dir(&root.join(name.trim()), device)
+}
+
+/// Load the checkpoint in `dir` (`<run>/checkpoints/step-NNNNNN`).
+pub fn load_dir(dir: &Path, device: &Device) -> Result<Loaded, CheckpointError> {
+    let dir = dir.to_path_buf();
     let st_path = dir.join("state.json");
     let st = std::fs::read_to_string(&st_path).map_err(|e| io(&st_path, e))?;
     let state: RunState = serde_json::from_str(&st).map_err(|e| io(&st_path, e))?;
