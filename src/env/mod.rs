@@ -83,6 +83,9 @@ pub fn builtin_env(kind: &str, max_steps: usize) -> Box<dyn Env> {
     }
 }
 
+/// A built-in env's panel generator: (seed, train size, test size).
+type PanelGenerator = fn(u64, usize, usize) -> (Vec<Task>, Vec<Task>);
+
 /// Generate disjoint train/test panels of a built-in env (deterministic:
 /// the same arguments give byte-identical panels).
 pub fn generate_panels(
@@ -91,7 +94,7 @@ pub fn generate_panels(
     n_train: usize,
     n_test: usize,
 ) -> Result<(Vec<Task>, Vec<Task>), EnvError> {
-    let gen: fn(u64, usize, usize) -> (Vec<Task>, Vec<Task>) = match kind {
+    let gen: PanelGenerator = match kind {
         "household" => household::generate_panels,
         "shop" => shop::generate_panels,
         "searchqa" => searchqa::generate_panels,
