@@ -380,8 +380,7 @@ fn tasks(cmd: TasksCmd) -> Result<()> {
             let (tr, te) = actguide::env::generate_panels(&env, seed, train, test)?;
             let out = out.unwrap_or_else(|| PathBuf::from("envs").join(&env));
             std::fs::create_dir_all(&out).with_context(|| out.display().to_string())?;
-            panel::write_jsonl(&out.join("train.jsonl"), &tr)?;
-            panel::write_jsonl(&out.join("test.jsonl"), &te)?;
+            panel::write_panels(&out, &tr, &te)?;
             println!(
                 "wrote {} train and {} test tasks to {}",
                 tr.len(),

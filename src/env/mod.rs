@@ -133,17 +133,19 @@ pub fn random_policy_success(
     max_steps: usize,
     seed: u64,
 ) -> Result<Vec<(usize, usize, f64)>, EnvError> {
-    Ok(match kind {
-        "household" => household::random_policy_success(tasks, rollouts, max_steps, seed),
-        "shop" => shop::random_policy_success(tasks, rollouts, max_steps, seed),
-        "searchqa" => searchqa::random_policy_success(tasks, rollouts, max_steps, seed),
-        other => {
-            return Err(EnvError::Other(format!(
-                "unknown env `{other}` (built-in: {})",
-                BUILTIN.join(", ")
-            )))
-        }
-    })
+    if !BUILTIN.contains(&kind) {
+        return Err(EnvError::Other(format!(
+            "unknown env `{kind}` (built-in: {})",
+            BUILTIN.join(", ")
+        )));
+    }
+    let mut env = builtin_env(kind, max_steps);
+    Ok(panel::random_policy_success(
+        env.as_mut(),
+        tasks,
+        rollouts,
+        seed,
+    ))
 }
 
 /// Which env a run talks to.

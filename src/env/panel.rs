@@ -136,6 +136,50 @@ pub fn write_jsonl(path: &Path, tasks: &[Task]) -> Result<(), PanelError> {
     std::fs::write(path, to_jsonl(tasks)).map_err(io)
 }
 
+/// Write a train/test pair as `dir/train.jsonl` and `dir/test.jsonl`.
+pub fn write_panels(dir: &Path, train: &[Task], test: &[Task]) -> Result<(), PanelError> {
+    write_jsonl(&dir.join("train.jsonl"), train)?;
+    write_jsonl(&dir.join("test.jsonl"), test)
+}
+
+/// Success rate of a uniformly random admissible-action policy in `env`,
+/// per difficulty: `(difficulty, tasks, success rate)` sorted by
+/// difficulty. Tasks whose reset fails count as failures.
+pub fn random_policy_success(
+    env: &mut dyn crate::env::Env,
+    tasks: &[Task],
+    rollouts: usize,
+    seed: u64,
+) -> Vec<(usize, usize, f64)> {
+    use rand::seq::IndexedRandom;
+    use rand::SeedableRng;
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    // difficulty → (tasks, successes)
+    let mut by: std::collections::BTreeMap<usize, (usize, usize)> = Default::default();
+    for task in tasks {
+        let entry = by.entry(task.difficulty).or_default();
+        entry.0 += 1;
+        for _ in 0..rollouts {
+            let Ok(mut obs) = env.reset(task) else {
+                break;
+            };
+            while !obs.done {
+                let Some(action) = obs.admissible.choose(&mut rng).cloned() else {
+                    break;
+                };
+                match env.step(&action) {
+                    Ok(next) => obs = next,
+                    Err(_) => break,
+                }
+            }
+            entry.1 += usize::from(obs.success);
+        }
+    }
+    by.into_iter()
+        .map(|(d, (n, wins))| (d, n, wins as f64 / (n * rollouts).max(1) as f64))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

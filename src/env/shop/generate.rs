@@ -27,7 +27,7 @@ use super::catalog::{catalog, product_type, subset, Product, CATALOG_ID, PAGE_SI
 use super::sim::{BUY, NEXT};
 use super::world::{Goal, World};
 use super::ShopEnv;
-use crate::env::panel::{write_jsonl, PanelError};
+use crate::env::panel::{write_panels, PanelError};
 use crate::env::{Env, Task};
 
 /// Seed of the committed panels `envs/shop/{train,test}.jsonl`.
@@ -379,8 +379,7 @@ pub fn generate_panels(seed: u64, n_train: usize, n_test: usize) -> (Vec<Task>, 
 /// and `dir/test.jsonl`, creating `dir` if needed.
 pub fn write_default_panels(dir: &Path) -> Result<(), PanelError> {
     let (train, test) = generate_panels(DEFAULT_SEED, DEFAULT_TRAIN, DEFAULT_TEST);
-    write_jsonl(&dir.join("train.jsonl"), &train)?;
-    write_jsonl(&dir.join("test.jsonl"), &test)
+    write_panels(dir, &train, &test)
 }
 
 /// Success rate of a uniformly random admissible-action policy, per
@@ -392,32 +391,7 @@ pub fn random_policy_success(
     max_steps: usize,
     seed: u64,
 ) -> Vec<(usize, usize, f64)> {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let mut env = ShopEnv::new(max_steps);
-    // difficulty → (tasks, successes)
-    let mut by: BTreeMap<usize, (usize, usize)> = BTreeMap::new();
-    for task in tasks {
-        let entry = by.entry(task.difficulty).or_default();
-        entry.0 += 1;
-        for _ in 0..rollouts {
-            let Ok(mut obs) = env.reset(task) else {
-                break;
-            };
-            while !obs.done {
-                let Some(action) = obs.admissible.choose(&mut rng) else {
-                    break;
-                };
-                match env.step(&action.clone()) {
-                    Ok(next) => obs = next,
-                    Err(_) => break,
-                }
-            }
-            entry.1 += usize::from(obs.success);
-        }
-    }
-    by.into_iter()
-        .map(|(d, (n, wins))| (d, n, wins as f64 / (n * rollouts).max(1) as f64))
-        .collect()
+    crate::env::panel::random_policy_success(&mut ShopEnv::new(max_steps), tasks, rollouts, seed)
 }
 
 #[cfg(test)]
