@@ -117,6 +117,16 @@ pub struct ClusterRow {
     pub depths: Vec<usize>,
 }
 
+/// One step's training rollouts of one cluster.
+#[derive(Default)]
+struct ClusterAcc {
+    ratios: Vec<f64>,
+    plan_ks: Vec<f64>,
+    rewards: Vec<f64>,
+    /// Executed depth of each task's first training rollout.
+    first_depths: Vec<usize>,
+}
+
 /// One simulated step.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct SimRow {
@@ -208,7 +218,7 @@ pub fn simulate(
                     .map(|r| {
                         let len = lens[idx[r.task]];
                         let spec = r.spec.resolve(len);
-                        let success = rng.random::<f64>() < p.sim_p(sk, len, &spec);
+                        let success = rng.random::<f64>() < p.p_success(sk, len, &spec);
                         SimEpisode { spec, success }
                     })
                     .collect();
@@ -221,7 +231,7 @@ pub fn simulate(
         // learner's own time is taken out.
         script_seconds += t_drive.elapsed().as_secs_f64() - exec_s;
         let mut results = Vec::new();
-        let mut by_cluster: BTreeMap<String, Vec<(f64, f64, f64, usize)>> = BTreeMap::new();
+        let mut by_cluster: BTreeMap<String, ClusterAcc> = BTreeMap::new();
         let mut succ_all = Vec::new();
         let mut guided = Vec::new();
         let mut informative = 0usize;
@@ -244,18 +254,13 @@ pub fn simulate(
             guided.extend(tr.iter().map(|e| f64::from(u8::from(e.spec.is_guided()))));
             let len = v.expert_len.max(1) as f64;
             let depths: Vec<f64> = tr.iter().map(|e| e.spec.prefix as f64).collect();
-            let entry = by_cluster.entry(v.cluster.to_string()).or_default();
+            let acc = by_cluster.entry(v.cluster.to_string()).or_default();
             for e in &tr {
-                entry.push((
-                    e.spec.prefix as f64 / len,
-                    e.spec.plan as f64,
-                    e.reward(),
-                    usize::MAX,
-                ));
+                acc.ratios.push(e.spec.prefix as f64 / len);
+                acc.plan_ks.push(e.spec.plan as f64);
+                acc.rewards.push(e.reward());
             }
-            if let Some(first) = tr.first() {
-                entry.push((f64::NAN, f64::NAN, f64::NAN, first.spec.prefix));
-            }
+            acc.first_depths.extend(tr.first().map(|e| e.spec.prefix));
             results.push(TaskResult {
                 id: v.id.clone(),
                 task_type: v.task_type.clone(),
@@ -284,40 +289,26 @@ pub fn simulate(
         let p_unguided = mean(
             &lens
                 .iter()
-                .map(|&l| p.sim_p(skill, l, &ResolvedSpec::default()))
+                .map(|&l| p.p_success(skill, l, &ResolvedSpec::default()))
                 .collect::<Vec<_>>(),
         );
         let clusters_row = by_cluster
             .into_iter()
-            .map(|(k, v)| {
-                let d: Vec<f64> = v
-                    .iter()
-                    .filter(|x| x.3 == usize::MAX)
-                    .map(|x| x.0)
-                    .collect();
-                let mu = mean(&d);
-                let sd = (mean(&d.iter().map(|x| (x - mu).powi(2)).collect::<Vec<_>>())).sqrt();
-                let row = ClusterRow {
-                    tasks: v.iter().filter(|x| x.3 != usize::MAX).count(),
-                    depth_mu: round4(mu),
-                    depth_sigma: round4(sd),
-                    plan_k: round4(mean(
-                        &v.iter()
-                            .filter(|x| x.3 == usize::MAX)
-                            .map(|x| x.1)
-                            .collect::<Vec<_>>(),
-                    )),
-                    success: round4(mean(
-                        &v.iter()
-                            .filter(|x| x.3 == usize::MAX)
-                            .map(|x| x.2)
-                            .collect::<Vec<_>>(),
-                    )),
-                    depths: v
+            .map(|(k, a)| {
+                let mu = mean(&a.ratios);
+                let var = mean(
+                    &a.ratios
                         .iter()
-                        .filter(|x| x.3 != usize::MAX)
-                        .map(|x| x.3)
-                        .collect(),
+                        .map(|x| (x - mu).powi(2))
+                        .collect::<Vec<_>>(),
+                );
+                let row = ClusterRow {
+                    tasks: a.first_depths.len(),
+                    depth_mu: round4(mu),
+                    depth_sigma: round4(var.sqrt()),
+                    plan_k: round4(mean(&a.plan_ks)),
+                    success: round4(mean(&a.rewards)),
+                    depths: a.first_depths,
                 };
                 (k, row)
             })
@@ -347,7 +338,7 @@ pub fn simulate(
     let final_p = mean(
         &lens
             .iter()
-            .map(|&l| p.sim_p(skill, l, &ResolvedSpec::default()))
+            .map(|&l| p.p_success(skill, l, &ResolvedSpec::default()))
             .collect::<Vec<_>>(),
     );
     Ok(SimReport {
@@ -360,12 +351,6 @@ pub fn simulate(
         rows,
         script_seconds,
     })
-}
-
-impl SimParams {
-    fn sim_p(&self, skill: f64, len: usize, spec: &ResolvedSpec) -> f64 {
-        self.p_success(skill, len, spec)
-    }
 }
 
 /// The readable per-step table.
