@@ -333,7 +333,9 @@ impl Trainer {
             };
             sums.train_tokens += batch.seqs.iter().map(Vec::len).sum::<usize>();
             let out = policy.score(&batch)?;
-            let lp_now = out.logp.detach().to_vec1::<f32>()?;
+            // Host copy of the log-probs: forced tokens' ratio base, and
+            // the aux NLL metric below.
+            let lp = out.logp.detach().to_vec1::<f32>()?;
             // Per-token constants.
             let mut w_pg = Vec::new();
             let mut w_aux = Vec::new();
@@ -362,7 +364,7 @@ impl Trainer {
                         // Forced tokens have no behaviour log-prob: their
                         // ratio is taken against the current policy.
                         old.push(if s.forced {
-                            lp_now[k_all]
+                            lp[k_all]
                         } else {
                             s.old_logp.get(k).copied().unwrap_or(0.0)
                         });
@@ -412,7 +414,6 @@ impl Trainer {
             }
             // Metrics on the host side.
             sums.pg += pg_loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
-            let lp = logp.detach().to_vec1::<f32>()?;
             let ent = out.entropy.detach().to_vec1::<f32>()?;
             let rt = ratio.detach().to_vec1::<f32>()?;
             let mut k = 0;
