@@ -256,6 +256,9 @@ struct ImportLog {
     files: Vec<(PathBuf, String)>,
     /// Functions of each imported file, in first-import order.
     asts: Vec<(String, AST)>,
+    /// Each file is compiled once per version: the top-level statements
+    /// run twice (constants, then as a module), the imports resolve once.
+    modules: HashMap<PathBuf, Arc<rhai::Module>>,
     error: Option<ScriptError>,
 }
 
@@ -289,6 +292,9 @@ impl rhai::ModuleResolver for ImportResolver {
             }
             EvalAltResult::ErrorModuleNotFound(format!("{path} ({msg})"), pos).into()
         };
+        if let Some(m) = self.log.lock().expect("import log").modules.get(&file) {
+            return Ok(m.clone());
+        }
         let source = std::fs::read_to_string(&file).map_err(|e| {
             // Point at the import statement of the importing file.
             fail(ScriptError::new(
@@ -297,23 +303,16 @@ impl rhai::ModuleResolver for ImportResolver {
                 format!("cannot import \"{path}\" ({}): {e}", file.display()),
             ))
         })?;
-        {
-            let mut log = self.log.lock().expect("import log");
-            if !log.files.iter().any(|(p, _)| p == &file) {
-                log.files.push((file.clone(), source.clone()));
-            }
-        }
         let name = file.display().to_string();
         let ast = compile_with_constants(engine, &self.consts, &name, &source).map_err(fail)?;
-        {
-            let mut log = self.log.lock().expect("import log");
-            if !log.asts.iter().any(|(f, _)| f == &name) {
-                log.asts.push((name.clone(), ast.clone_functions_only()));
-            }
-        }
-        let module = rhai::Module::eval_ast_as_new(Scope::new(), &ast, engine)
-            .map_err(|e| fail(ScriptError::from_eval(&name, &e)))?;
-        Ok(module.into())
+        let module: Arc<rhai::Module> = rhai::Module::eval_ast_as_new(Scope::new(), &ast, engine)
+            .map_err(|e| fail(ScriptError::from_eval(&name, &e)))?
+            .into();
+        let mut log = self.log.lock().expect("import log");
+        log.files.push((file.clone(), source));
+        log.asts.push((name, ast.clone_functions_only()));
+        log.modules.insert(file, module.clone());
+        Ok(module)
     }
 }
 
