@@ -23,6 +23,7 @@ pub mod env;
 pub mod experiment;
 pub mod guidance;
 pub mod model;
+pub mod report;
 pub mod rollout;
 pub mod script;
 pub mod seed;

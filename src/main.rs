@@ -7,7 +7,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use actguide::experiment::{self, Event, Experiment, RunOptions};
+use actguide::experiment::{self, Comparison, Event, Plan, RunOptions, RunSummary};
 
 // candle allocates and frees large tensors on every op; glibc's malloc
 // returns them to the OS each time (mmap/munmap + page faults), which
@@ -108,6 +108,46 @@ enum Cmd {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+    },
+    /// Reachability diagnostics (ActGuide-RL Fig. 3): along guided
+    /// rollouts of chosen tasks, per state the guidance influence
+    /// ‖ΔLogit‖ and the Pass@K of unguided continuations.
+    Probe {
+        /// A run directory or runs/<name>/checkpoints/step-NNNNNN.
+        path: PathBuf,
+        /// "test", "train" or a panel file.
+        #[arg(long, default_value = "test")]
+        panel: String,
+        /// Comma-separated task ids (default: the first --per-cluster
+        /// tasks of each difficulty cluster).
+        #[arg(long, value_delimiter = ',')]
+        tasks: Vec<String>,
+        #[arg(long, default_value_t = 2)]
+        per_cluster: usize,
+        /// Unguided continuations per state (K of Pass@K).
+        #[arg(long, default_value_t = 32)]
+        k: usize,
+        /// Probe the run's initial policy instead of its checkpoint.
+        #[arg(long)]
+        initial: bool,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Also write the plot (SVG) here.
+        #[arg(long)]
+        plot: Option<PathBuf>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Compare run directories: SVG figures, report.md and a
+    /// self-contained report.html.
+    Report {
+        /// Run directories (each with metrics.jsonl).
+        #[arg(required = true)]
+        runs: Vec<PathBuf>,
+        /// Output folder (default: runs/_report).
+        #[arg(long)]
+        out: Option<PathBuf>,
     },
     /// Serve a built-in env over the subprocess protocol (stdin/stdout,
     /// envs/PROTOCOL.md) or AgentGym's HTTP API, for external use and the
@@ -287,6 +327,54 @@ fn dispatch(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
+        Cmd::Probe {
+            path,
+            panel,
+            tasks,
+            per_cluster,
+            k,
+            initial,
+            seed,
+            plot,
+            json,
+        } => {
+            use actguide::experiment::probe::{probe, probe_table, ProbeOptions};
+            let r = probe(
+                &path,
+                &ProbeOptions {
+                    panel,
+                    tasks,
+                    per_cluster,
+                    k,
+                    initial,
+                    seed,
+                },
+            )?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            } else {
+                print!("{}", probe_table(&r));
+            }
+            if let Some(p) = plot {
+                let svg = actguide::report::probe_plot::probe_svg(&r)
+                    .map_err(|e| anyhow::anyhow!("probe plot: {e}"))?;
+                std::fs::write(&p, svg).with_context(|| p.display().to_string())?;
+                println!("plot written to {}", p.display());
+            }
+            Ok(())
+        }
+        Cmd::Report { runs, out } => {
+            let out = out.unwrap_or_else(|| PathBuf::from("runs/_report"));
+            let r = actguide::report::write_report(&runs, &out)?;
+            for w in &r.warnings {
+                eprintln!("warning: {w}");
+            }
+            print!("{}", r.table);
+            for f in &r.files {
+                println!("wrote {}", f.display());
+            }
+            Ok(())
+        }
         Cmd::ServeEnv {
             env,
             protocol,
@@ -418,7 +506,10 @@ fn run(
     plain: bool,
 ) -> Result<()> {
     let exp = match (&experiment, &resume) {
-        (Some(p), None) => Experiment::load(p)?,
+        (Some(p), None) => match Plan::load(p)? {
+            Plan::Single(e) => *e,
+            Plan::Compare(c) => return compare(&c, stop_after, plain),
+        },
         (None, Some(d)) => {
             let p = d.join("experiment.json");
             let text = std::fs::read_to_string(&p).with_context(|| {
@@ -431,8 +522,78 @@ fn run(
             bail!("give an experiment file (e.g. examples/quickstart.rhai) or --resume RUN_DIR")
         }
     };
+    let (bar, mut on_event) = event_printer(exp.steps, plain);
+    let summary = experiment::run(exp, &RunOptions { resume, stop_after }, &mut on_event)?;
+    if let Some(b) = &bar {
+        b.finish_and_clear();
+    }
+    print_summary(&summary);
+    Ok(())
+}
+
+/// Run a comparison, then print one line per run and where the report is.
+fn compare(c: &Comparison, stop_after: Option<usize>, plain: bool) -> Result<()> {
+    let steps = c.runs.first().map_or(0, |e| e.steps);
+    let (bar, mut on_event) = event_printer(steps, plain);
+    let out = experiment::run_comparison(c, stop_after, &mut on_event)?;
+    if let Some(b) = &bar {
+        b.finish_and_clear();
+    }
+    println!(
+        "── comparison {} ──────────────────────────────",
+        out.dir.display()
+    );
+    println!(
+        "{:<22} {:>7} {:>9} {:>9} {:>9} {:>10}",
+        "run", "steps", "test@0", "test@end", "s/step", "wall s"
+    );
+    let f = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.3}"));
+    for s in &out.runs {
+        let name = s
+            .run_dir
+            .file_name()
+            .map(|n| n.to_string_lossy().to_string())
+            .unwrap_or_default();
+        println!(
+            "{name:<22} {:>7} {:>9} {:>9} {:>9.2} {:>10.1}",
+            s.steps_done,
+            f(s.start_test_success),
+            f(s.end_test_success),
+            s.seconds_per_step,
+            s.seconds
+        );
+    }
+    if let Some(r) = &out.report {
+        println!("report             {}", r.join("report.html").display());
+    }
+    Ok(())
+}
+
+fn print_summary(summary: &RunSummary) {
+    println!("── summary ─────────────────────────────────────────────");
+    println!("run dir            {}", summary.run_dir.display());
+    println!("steps              {}", summary.steps_done);
+    let f = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.3}"));
+    println!(
+        "test success       start {}  →  end {}",
+        f(summary.start_test_success),
+        f(summary.end_test_success)
+    );
+    println!(
+        "wall time          {:.1} s ({:.2} s/step)",
+        summary.seconds, summary.seconds_per_step
+    );
+    println!(
+        "throughput         {:.0} rollout tok/s, {:.0} train tok/s",
+        summary.rollout_tokens_per_s, summary.train_tokens_per_s
+    );
+}
+
+/// The progress bar (on a terminal) and the handler that prints run
+/// events.
+fn event_printer(steps: usize, plain: bool) -> (Option<ProgressBar>, impl FnMut(Event)) {
     let tty = std::io::stderr().is_terminal() && !plain;
-    let steps = exp.steps as u64;
+    let steps = steps as u64;
     let bar = if tty {
         let b = ProgressBar::new(steps);
         b.set_style(
@@ -449,7 +610,8 @@ fn run(
         Some(b) => b.println(s),
         None => eprintln!("{s}"),
     };
-    let mut on_event = |ev: Event| match ev {
+    let bar_out = bar.clone();
+    let on_event = move |ev: Event| match ev {
         Event::Started {
             run_dir,
             start_step,
@@ -459,6 +621,7 @@ fn run(
             test_tasks,
         } => {
             if let Some(b) = &bar {
+                b.set_length(steps as u64);
                 b.set_position(start_step as u64);
             }
             say(
@@ -500,7 +663,8 @@ fn run(
         Event::Eval { step, result } => say(
             &bar,
             format!(
-                "eval @ step {step}: test success {:.3} (by cluster {})",
+                "eval @ step {step}: {} success {:.3} (by cluster {})",
+                result["panel"].as_str().unwrap_or("test"),
                 result["success"].as_f64().unwrap_or(0.0),
                 result["success_by_cluster"]
             ),
@@ -529,26 +693,5 @@ fn run(
             }
         }
     };
-    let summary = experiment::run(exp, &RunOptions { resume, stop_after }, &mut on_event)?;
-    if let Some(b) = &bar {
-        b.finish_and_clear();
-    }
-    println!("── summary ─────────────────────────────────────────────");
-    println!("run dir            {}", summary.run_dir.display());
-    println!("steps              {}", summary.steps_done);
-    let f = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.3}"));
-    println!(
-        "test success       start {}  →  end {}",
-        f(summary.start_test_success),
-        f(summary.end_test_success)
-    );
-    println!(
-        "wall time          {:.1} s ({:.2} s/step)",
-        summary.seconds, summary.seconds_per_step
-    );
-    println!(
-        "throughput         {:.0} rollout tok/s, {:.0} train tok/s",
-        summary.rollout_tokens_per_s, summary.train_tokens_per_s
-    );
-    Ok(())
+    (bar_out, on_event)
 }

@@ -295,8 +295,13 @@ pub struct EvalSection {
     pub samples: usize,
     /// Greedy decoding (else sampled at the rollout temperature).
     pub greedy: bool,
-    /// Evaluate on at most this many test tasks (0 = all).
+    /// Evaluate on at most this many tasks of each panel (0 = all).
     pub max_tasks: usize,
+    /// Panels to evaluate on: "test" and/or "train". The first one is the
+    /// run's headline success. The first evaluation (step 0) also fixes
+    /// each panel's in-region tasks (solved at least once in `samples`),
+    /// and every later one reports success in- and out-region.
+    pub panels: Vec<String>,
 }
 
 impl Default for EvalSection {
@@ -306,6 +311,7 @@ impl Default for EvalSection {
             samples: 1,
             greedy: true,
             max_tasks: 0,
+            panels: vec!["test".into()],
         }
     }
 }
@@ -340,6 +346,143 @@ pub enum ConfigError {
     Invalid { file: String, msg: String },
 }
 
+/// Evaluate an experiment file's source to its JSON map.
+fn source_to_json(file: &str, source: &str) -> Result<serde_json::Value, ConfigError> {
+    let (engine, _) = crate::script::new_engine();
+    let value: rhai::Dynamic = engine
+        .eval::<rhai::Dynamic>(source)
+        .map_err(|e| ScriptError::from_eval(file, &e))?;
+    if !value.is_map() {
+        return Err(ConfigError::Invalid {
+            file: file.into(),
+            msg: format!(
+                "an experiment file must evaluate to a map #{{ ... }}, got {}",
+                value.type_name()
+            ),
+        });
+    }
+    serde_json::to_value(&value).map_err(|e| ConfigError::Invalid {
+        file: file.into(),
+        msg: e.to_string(),
+    })
+}
+
+/// What an experiment file describes: one run, or a comparison of several
+/// runs that share everything but the keys each one overrides.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Plan {
+    Single(Box<Experiment>),
+    Compare(Comparison),
+}
+
+/// A comparison: `compare: [#{ name: "...", <overrides> }, …]` in an
+/// experiment map. Each entry is deep-merged into the rest of the map;
+/// the runs go to `<runs_dir>/<name>/<entry name>`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Comparison {
+    pub name: String,
+    pub runs_dir: String,
+    pub runs: Vec<Experiment>,
+}
+
+/// Merge `over` into `base`: maps key by key, anything else replaced.
+fn deep_merge(base: &mut serde_json::Value, over: &serde_json::Value) {
+    match (base, over) {
+        (serde_json::Value::Object(b), serde_json::Value::Object(o)) => {
+            for (k, v) in o {
+                match b.get_mut(k) {
+                    Some(slot) => deep_merge(slot, v),
+                    None => {
+                        b.insert(k.clone(), v.clone());
+                    }
+                }
+            }
+        }
+        (b, o) => *b = o.clone(),
+    }
+}
+
+impl Plan {
+    /// Evaluate an experiment file: one experiment, or a comparison.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let file = path.display().to_string();
+        let source = std::fs::read_to_string(path).map_err(|e| ConfigError::Invalid {
+            file: file.clone(),
+            msg: format!("cannot read experiment file: {e}"),
+        })?;
+        Self::from_source(&file, &source)
+    }
+
+    pub fn from_source(file: &str, source: &str) -> Result<Self, ConfigError> {
+        let mut json = source_to_json(file, source)?;
+        let Some(list) = json.as_object_mut().and_then(|m| m.remove("compare")) else {
+            return Experiment::from_json(file, source, json).map(|e| Plan::Single(Box::new(e)));
+        };
+        let (line, col) = locate_key(source, &["compare".to_string()]);
+        let at = |msg: String| ConfigError::Field {
+            file: file.into(),
+            line,
+            col,
+            msg,
+        };
+        let entries = list.as_array().filter(|a| !a.is_empty()).ok_or_else(|| {
+            at("`compare` must be a non-empty array of maps #{ name: \"...\", … }".into())
+        })?;
+        let name = json["name"].as_str().unwrap_or("compare").to_string();
+        let runs_dir = json["runs_dir"].as_str().unwrap_or("runs").to_string();
+        let mut runs = Vec::new();
+        let mut seen = std::collections::BTreeSet::new();
+        for (i, entry) in entries.iter().enumerate() {
+            let rname = entry
+                .get("name")
+                .and_then(|n| n.as_str())
+                .filter(|n| {
+                    !n.is_empty()
+                        && n.chars()
+                            .all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c))
+                })
+                .ok_or_else(|| {
+                    at(format!(
+                        "`compare[{i}]` needs a `name` of letters, digits, `_`, `-` or `.`"
+                    ))
+                })?
+                .to_string();
+            if !seen.insert(rname.clone()) {
+                return Err(at(format!(
+                    "`compare[{i}]`: the name \"{rname}\" is used twice"
+                )));
+            }
+            let mut merged = json.clone();
+            deep_merge(&mut merged, entry);
+            merged["name"] = serde_json::json!(rname);
+            let exp = Experiment::from_json(file, source, merged).map_err(|e| match e {
+                ConfigError::Field {
+                    file,
+                    line,
+                    col,
+                    msg,
+                } => ConfigError::Field {
+                    file,
+                    line,
+                    col,
+                    msg: format!("in compare entry \"{rname}\": {msg}"),
+                },
+                ConfigError::Invalid { file, msg } => ConfigError::Invalid {
+                    file,
+                    msg: format!("in compare entry \"{rname}\": {msg}"),
+                },
+                other => other,
+            })?;
+            runs.push(exp);
+        }
+        Ok(Plan::Compare(Comparison {
+            name,
+            runs_dir,
+            runs,
+        }))
+    }
+}
+
 impl Experiment {
     /// Evaluate an experiment file. Relative paths inside it stay relative
     /// to the working directory (experiments are run from the repo root).
@@ -353,24 +496,20 @@ impl Experiment {
     }
 
     pub fn from_source(file: &str, source: &str) -> Result<Self, ConfigError> {
-        let (engine, _) = crate::script::new_engine();
-        let value: rhai::Dynamic = engine
-            .eval::<rhai::Dynamic>(source)
-            .map_err(|e| ScriptError::from_eval(file, &e))?;
-        if !value.is_map() {
+        let json = source_to_json(file, source)?;
+        if json.get("compare").is_some() {
             return Err(ConfigError::Invalid {
                 file: file.into(),
-                msg: format!(
-                    "an experiment file must evaluate to a map #{{ ... }}, got {}",
-                    value.type_name()
-                ),
+                msg: "this file is a comparison (it has `compare`): run it with `actguide run`"
+                    .into(),
             });
         }
-        let json: serde_json::Value =
-            serde_json::to_value(&value).map_err(|e| ConfigError::Invalid {
-                file: file.into(),
-                msg: e.to_string(),
-            })?;
+        Self::from_json(file, source, json)
+    }
+
+    /// Deserialize and validate an experiment map; errors point at the key
+    /// in `source`.
+    fn from_json(file: &str, source: &str, json: serde_json::Value) -> Result<Self, ConfigError> {
         let exp: Experiment = serde_path_to_error::deserialize(json).map_err(|e| {
             let path = e.path().to_string();
             let inner = e.into_inner().to_string();
@@ -458,6 +597,16 @@ impl Experiment {
             return Err(bad(
                 "trainer.ppo_epochs, minibatches and micro_batch must be ≥ 1".into(),
             ));
+        }
+        let panels = &self.evaluation.panels;
+        if panels.is_empty()
+            || panels.iter().any(|p| p != "test" && p != "train")
+            || (panels.len() == 2 && panels[0] == panels[1])
+            || panels.len() > 2
+        {
+            return Err(bad(format!(
+                "evaluation.panels must list \"test\" and/or \"train\" once each, got {panels:?}"
+            )));
         }
         let e = &self.env;
         match e.kind.as_str() {

@@ -23,6 +23,16 @@ pub struct EvalSet<'a> {
     pub clusters: &'a Clusters,
 }
 
+/// What one evaluation found: the breakdown (success overall, by type and
+/// cluster), the rollout statistics, and each task's success count (in the
+/// order of [`EvalSet::tasks`]).
+#[derive(Debug, Clone)]
+pub struct EvalResult {
+    pub breakdown: Value,
+    pub stats: RolloutStats,
+    pub successes: Vec<usize>,
+}
+
 /// Evaluate `policy` on a set of tasks with unguided rollouts.
 pub fn evaluate(
     policy: &Policy,
@@ -31,7 +41,7 @@ pub fn evaluate(
     set: &EvalSet<'_>,
     opts: &RolloutOptions,
     rng: &mut ChaCha8Rng,
-) -> Result<(Value, RolloutStats), RolloutError> {
+) -> Result<EvalResult, RolloutError> {
     let samples = set.samples;
     let reqs: Vec<EpisodeRequest> = set
         .tasks
@@ -46,7 +56,15 @@ pub fn evaluate(
     let (eps, stats) = rollout::run(policy, tok, make_env, &reqs, opts, rng, None)?;
     let pairs: Vec<(&Task, &rollout::Episode)> =
         reqs.iter().map(|r| r.task).zip(eps.iter()).collect();
-    Ok((success_breakdown(&pairs, set.clusters), stats))
+    let successes = eps
+        .chunks(samples.max(1))
+        .map(|c| c.iter().filter(|e| e.success).count())
+        .collect();
+    Ok(EvalResult {
+        breakdown: success_breakdown(&pairs, set.clusters),
+        stats,
+        successes,
+    })
 }
 
 /// Unbiased pass@k from `c` successes in `n` samples (Chen et al. 2021):
@@ -121,16 +139,27 @@ fn summary(counts: &[&TaskCounts], n: usize) -> Value {
     })
 }
 
-/// Evaluate the checkpoint at `path` (a run directory: its latest
-/// checkpoint; or a checkpoint directory) on a panel: greedy and sampled
-/// success, unbiased pass@k, broken down by task type, difficulty cluster
-/// and in-region / out-region (in-region: tasks the run's initial policy
-/// solves at least once in `samples` samples). Deterministic in `seed`.
-pub fn eval_checkpoint(
-    path: &std::path::Path,
-    o: &EvalOptions,
-) -> Result<Value, crate::experiment::RunError> {
-    use crate::env::{make_env, panel};
+/// A run's experiment, its trained policy (latest or given checkpoint) and
+/// its initial policy, rebuilt as the run built it.
+pub struct RunModels {
+    pub exp: crate::experiment::config::Experiment,
+    pub run_dir: std::path::PathBuf,
+    pub ckpt_dir: std::path::PathBuf,
+    /// The checkpoint's step.
+    pub step: usize,
+    pub tok: Tok,
+    pub trained: Policy,
+    pub initial: Policy,
+    /// Difficulty clusters of the run's train panel.
+    pub clusters: Clusters,
+    /// The run's rollout settings (sampled decoding).
+    pub ropts: RolloutOptions,
+}
+
+/// Load `path`: a run directory (its latest checkpoint) or a checkpoint
+/// directory `<run>/checkpoints/step-NNNNNN`.
+pub fn load_run(path: &std::path::Path) -> Result<RunModels, crate::experiment::RunError> {
+    use crate::env::panel;
     use crate::experiment::config::Experiment;
     use crate::experiment::RunError;
     use crate::model::{ModelConfig, Policy};
@@ -163,15 +192,6 @@ pub fn eval_checkpoint(
     let exp_path = run_dir.join("experiment.json");
     let text = std::fs::read_to_string(&exp_path).map_err(|e| io(&exp_path, e.to_string()))?;
     let exp: Experiment = serde_json::from_str(&text).map_err(|e| io(&exp_path, e.to_string()))?;
-    let panel_path = match o.panel.as_str() {
-        "test" => std::path::PathBuf::from(&exp.env.test),
-        "train" => std::path::PathBuf::from(&exp.env.train),
-        other => std::path::PathBuf::from(other),
-    };
-    let mut tasks = panel::read_jsonl(&panel_path)?;
-    if o.max_tasks > 0 {
-        tasks.truncate(o.max_tasks);
-    }
     let train = panel::read_jsonl(Path::new(&exp.env.train))?;
     let lens: Vec<usize> = train.iter().map(|t| t.expert.len()).collect();
     let clusters = Clusters::from_lengths(&lens, exp.guidance.clusters);
@@ -193,9 +213,7 @@ pub fn eval_checkpoint(
             &device,
         )?
     };
-    let spec = exp.env.spec();
-    let make = move |limit: usize| make_env(&spec, limit);
-    let mut opts = RolloutOptions {
+    let ropts = RolloutOptions {
         temperature: exp.rollout.temperature,
         top_p: exp.rollout.top_p,
         greedy: false,
@@ -208,6 +226,55 @@ pub fn eval_checkpoint(
         max_steps: exp.env.max_steps,
         step_slack: exp.env.step_slack,
     };
+    Ok(RunModels {
+        ckpt_dir: loaded.dir.clone(),
+        step: loaded.state.step,
+        exp,
+        run_dir,
+        tok,
+        trained,
+        initial,
+        clusters,
+        ropts,
+    })
+}
+
+/// Evaluate the checkpoint at `path` (a run directory: its latest
+/// checkpoint; or a checkpoint directory) on a panel: greedy and sampled
+/// success, unbiased pass@k, broken down by task type, difficulty cluster
+/// and in-region / out-region (in-region: tasks the run's initial policy
+/// solves at least once in `samples` samples). Deterministic in `seed`.
+pub fn eval_checkpoint(
+    path: &std::path::Path,
+    o: &EvalOptions,
+) -> Result<Value, crate::experiment::RunError> {
+    use crate::env::panel;
+    use crate::experiment::RunError;
+    use crate::seed;
+
+    let RunModels {
+        exp,
+        ckpt_dir,
+        step,
+        tok,
+        trained,
+        initial,
+        clusters,
+        ropts,
+        ..
+    } = load_run(path)?;
+    let mut opts = ropts;
+    let panel_path = match o.panel.as_str() {
+        "test" => std::path::PathBuf::from(&exp.env.test),
+        "train" => std::path::PathBuf::from(&exp.env.train),
+        other => std::path::PathBuf::from(other),
+    };
+    let mut tasks = panel::read_jsonl(&panel_path)?;
+    if o.max_tasks > 0 {
+        tasks.truncate(o.max_tasks);
+    }
+    let spec = exp.env.spec();
+    let make = move |limit: usize| crate::env::make_env(&spec, limit);
     let n = o.samples.max(1);
     let counts = |policy: &Policy,
                   opts: &RolloutOptions,
@@ -270,8 +337,8 @@ pub fn eval_checkpoint(
         }
     };
     Ok(serde_json::json!({
-        "checkpoint": loaded.dir.display().to_string(),
-        "step": loaded.state.step,
+        "checkpoint": ckpt_dir.display().to_string(),
+        "step": step,
         "panel": panel_path.display().to_string(),
         "samples": n,
         "seed": o.seed,

@@ -1,10 +1,13 @@
 //! Experiments: config files, the run loop, the run directory, metrics and
 //! evaluation.
 
+pub mod compare;
 pub mod config;
 pub mod eval;
 pub mod metrics;
+pub mod probe;
 pub mod run;
 
-pub use config::{ConfigError, Experiment};
+pub use compare::{run_comparison, ComparisonSummary};
+pub use config::{Comparison, ConfigError, Experiment, Plan};
 pub use run::{run, Event, RunError, RunOptions, RunSummary};

@@ -2,7 +2,9 @@
 //! train, update the script, log metrics, evaluate and checkpoint; resume
 //! from the latest checkpoint continues exactly.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::report::tensorboard::{scalars_from_json, wall_time_now, EventWriter};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -127,6 +129,12 @@ struct Ctx {
     /// Saved copies of the reward and intervention scripts, by role.
     copies: BTreeMap<String, String>,
     evals: Vec<(usize, f64)>,
+    /// In-region task ids per evaluation panel, fixed at the first
+    /// evaluation.
+    regions: BTreeMap<String, BTreeSet<String>>,
+    /// TensorBoard event file under `<run>/tb/` (a new file per process,
+    /// as TensorBoard expects).
+    tb: Option<EventWriter>,
     ropts: RolloutOptions,
     /// Watches the guidance script for hot reload (None if watching is
     /// unavailable on this system).
@@ -173,6 +181,7 @@ pub fn run(
         totals.3 += t["train_s"].as_f64().unwrap_or(0.0);
         totals.4 += 1;
         append_line(&metrics_path, &line)?;
+        tb_write(&mut ctx, step, "train", &line)?;
         on_event(Event::Step {
             step,
             metrics: line,
@@ -325,6 +334,8 @@ fn setup(exp: Experiment, opts: &RunOptions) -> Result<(Ctx, usize), RunError> {
         truncate_after(&run_dir.join("reloads.jsonl"), start_step)?;
         truncate_after(&run_dir.join("env_errors.jsonl"), start_step)?;
     }
+    let regions = read_regions(&run_dir.join("eval.jsonl"))?;
+    let tb = Some(EventWriter::create(&run_dir.join("tb")).map_err(|e| io_err(&run_dir, e))?);
     let ropts = RolloutOptions {
         temperature: exp.rollout.temperature,
         top_p: exp.rollout.top_p,
@@ -356,6 +367,8 @@ fn setup(exp: Experiment, opts: &RunOptions) -> Result<(Ctx, usize), RunError> {
             script_copy,
             copies,
             evals,
+            regions,
+            tb,
             ropts,
         },
         start_step,
@@ -365,7 +378,13 @@ fn setup(exp: Experiment, opts: &RunOptions) -> Result<(Ctx, usize), RunError> {
 /// `runs/<name>`, or `runs/<name>-2`, `-3`, … when earlier runs hold the
 /// name: a new run never overwrites an old one.
 fn fresh_run_dir(base: &Path) -> PathBuf {
-    let taken = |p: &Path| p.join("experiment.json").exists() || p.join("metrics.jsonl").exists();
+    fresh_dir(base, "experiment.json")
+}
+
+/// `base`, or `base-2`, `base-3`, … : the first that holds neither `marker`
+/// nor a `metrics.jsonl`.
+pub fn fresh_dir(base: &Path, marker: &str) -> PathBuf {
+    let taken = |p: &Path| p.join(marker).exists() || p.join("metrics.jsonl").exists();
     if !taken(base) {
         return base.to_path_buf();
     }
@@ -684,12 +703,22 @@ fn train_step(
     let policy_turns: usize = episodes.iter().map(|e| e.policy_turns).sum();
     let invalid: usize = episodes.iter().map(|e| e.invalid).sum();
     let mut depth_by_cluster: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    // Guidance depth of every trained rollout (executed prefix, else plan
+    // k), per cluster: the report draws its distribution over time.
+    let mut depths_by_cluster: BTreeMap<String, Vec<usize>> = BTreeMap::new();
     for (q, e) in tasks.iter().zip(&episodes) {
         let len = q.expert.len().max(1) as f64;
+        let c = ctx.clusters.of(q.expert.len()).to_string();
         depth_by_cluster
-            .entry(ctx.clusters.of(q.expert.len()).to_string())
+            .entry(c.clone())
             .or_default()
             .push(e.spec.prefix as f64 / len);
+        let d = if e.spec.prefix > 0 {
+            e.spec.prefix
+        } else {
+            e.spec.plan
+        };
+        depths_by_cluster.entry(c).or_default().push(d);
     }
     let first_round: Vec<f64> = groups
         .iter()
@@ -738,6 +767,7 @@ fn train_step(
         "guided_frac": round(mean(&episodes.iter().map(|e| f64::from(u8::from(e.spec.is_guided()))).collect::<Vec<_>>())),
         "depth_mean": round(mean(&episodes.iter().map(|e| e.spec.prefix as f64).collect::<Vec<_>>())),
         "depth_ratio_by_cluster": depth_by_cluster.into_iter().map(|(k, v)| (k, json!(round(mean(&v))))).collect::<serde_json::Map<_, _>>(),
+        "depths_by_cluster": depths_by_cluster,
         "plan_k_mean": round(mean(&episodes.iter().map(|e| e.spec.plan as f64).collect::<Vec<_>>())),
         "expert_frac": round(mean(&episodes.iter().map(|e| f64::from(u8::from(e.spec.expert))).collect::<Vec<_>>())),
         "rollouts": spent,
@@ -924,38 +954,130 @@ fn run_eval(
     make: &dyn Fn(usize) -> Box<dyn Env>,
     on_event: &mut dyn FnMut(Event),
 ) -> Result<(), RunError> {
-    let e = &ctx.exp.evaluation;
-    let n = if e.max_tasks == 0 {
-        ctx.test.len()
-    } else {
-        e.max_tasks.min(ctx.test.len())
-    };
-    let mut opts = ctx.ropts.clone();
-    opts.greedy = e.greedy;
-    let mut rng = seed::rng(ctx.exp.seed, &[seed::label("eval"), step as u64]);
-    let (mut result, stats) = evaluate(
-        &ctx.policy,
-        &ctx.tok,
-        make,
-        &EvalSet {
-            tasks: &ctx.test[..n],
-            samples: if e.greedy { 1 } else { e.samples },
-            clusters: &ctx.clusters,
-        },
-        &opts,
-        &mut rng,
-    )?;
-    let success = result["success"].as_f64().unwrap_or(0.0);
-    if let Value::Object(m) = &mut result {
-        m.insert("step".into(), json!(step));
-        m.insert("greedy".into(), json!(e.greedy));
-        m.insert("time".into(), json!({ "eval_s": round(stats.seconds) }));
+    let e = ctx.exp.evaluation.clone();
+    for (i, panel) in e.panels.iter().enumerate() {
+        let tasks = if panel == "train" {
+            &ctx.train
+        } else {
+            &ctx.test
+        };
+        let n = if e.max_tasks == 0 {
+            tasks.len()
+        } else {
+            e.max_tasks.min(tasks.len())
+        };
+        let tasks = &tasks[..n];
+        let mut opts = ctx.ropts.clone();
+        opts.greedy = e.greedy;
+        // The test panel keeps the stream it always had, so adding a
+        // train panel changes no test number.
+        let mut labels = vec![seed::label("eval"), step as u64];
+        if panel != "test" {
+            labels.push(seed::label(panel));
+        }
+        let mut rng = seed::rng(ctx.exp.seed, &labels);
+        let samples = if e.greedy { 1 } else { e.samples.max(1) };
+        let r = evaluate(
+            &ctx.policy,
+            &ctx.tok,
+            make,
+            &EvalSet {
+                tasks,
+                samples,
+                clusters: &ctx.clusters,
+            },
+            &opts,
+            &mut rng,
+        )?;
+        let mut result = r.breakdown;
+        let success = result["success"].as_f64().unwrap_or(0.0);
+        // The first evaluation fixes the in-region tasks: those the initial
+        // policy solves at least once.
+        let first = !ctx.regions.contains_key(panel);
+        if first {
+            let ids: BTreeSet<String> = tasks
+                .iter()
+                .zip(&r.successes)
+                .filter(|(_, &c)| c > 0)
+                .map(|(t, _)| t.id.clone())
+                .collect();
+            ctx.regions.insert(panel.clone(), ids);
+        }
+        let region = &ctx.regions[panel];
+        let (mut sin, mut nin, mut sout, mut nout) = (0usize, 0usize, 0usize, 0usize);
+        for (t, &c) in tasks.iter().zip(&r.successes) {
+            if region.contains(&t.id) {
+                sin += c;
+                nin += 1;
+            } else {
+                sout += c;
+                nout += 1;
+            }
+        }
+        let rate = |s: usize, k: usize| {
+            if k == 0 {
+                Value::Null
+            } else {
+                json!(round(s as f64 / (k * samples) as f64))
+            }
+        };
+        if let Value::Object(m) = &mut result {
+            m.insert("step".into(), json!(step));
+            m.insert("panel".into(), json!(panel));
+            m.insert("greedy".into(), json!(e.greedy));
+            m.insert("success_in_region".into(), rate(sin, nin));
+            m.insert("success_out_region".into(), rate(sout, nout));
+            m.insert("in_region_tasks".into(), json!(nin));
+            m.insert("out_region_tasks".into(), json!(nout));
+            if first {
+                m.insert("in_region_ids".into(), json!(region));
+            }
+            m.insert("time".into(), json!({ "eval_s": round(r.stats.seconds) }));
+        }
+        append_line(&ctx.run_dir.join("eval.jsonl"), &result)?;
+        tb_write(ctx, step, &format!("eval_{panel}"), &result)?;
+        if i == 0 {
+            ctx.evals.retain(|(s, _)| *s != step);
+            ctx.evals.push((step, success));
+        }
+        on_event(Event::Eval { step, result });
     }
-    append_line(&ctx.run_dir.join("eval.jsonl"), &result)?;
-    ctx.evals.retain(|(s, _)| *s != step);
-    ctx.evals.push((step, success));
-    on_event(Event::Eval { step, result });
     Ok(())
+}
+
+/// Log a metrics or eval line's numbers to TensorBoard under `prefix/`.
+fn tb_write(ctx: &mut Ctx, step: usize, prefix: &str, line: &Value) -> Result<(), RunError> {
+    if let Some(w) = &mut ctx.tb {
+        let mut v = line.clone();
+        if let Value::Object(m) = &mut v {
+            m.remove("step");
+        }
+        let scalars = scalars_from_json(prefix, &v);
+        w.write_scalars(step as i64, wall_time_now(), &scalars)
+            .map_err(|e| io_err(w.path(), e))?;
+    }
+    Ok(())
+}
+
+/// The in-region task ids each panel's first evaluation recorded in
+/// `eval.jsonl` (for a resumed run).
+fn read_regions(path: &Path) -> Result<BTreeMap<String, BTreeSet<String>>, RunError> {
+    let mut out = BTreeMap::new();
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return Ok(out);
+    };
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let v: Value = serde_json::from_str(line).map_err(|e| io_err(path, e))?;
+        if let Some(ids) = v["in_region_ids"].as_array() {
+            let panel = v["panel"].as_str().unwrap_or("test").to_string();
+            out.entry(panel).or_insert_with(|| {
+                ids.iter()
+                    .filter_map(|x| x.as_str().map(str::to_string))
+                    .collect()
+            });
+        }
+    }
+    Ok(out)
 }
 
 fn save_checkpoint(ctx: &Ctx, step: usize) -> Result<PathBuf, RunError> {

@@ -962,6 +962,27 @@ impl Policy {
         Ok(out)
     }
 
+    /// Next-token logits (unscaled, full vocabulary) after each prompt, on
+    /// detached weights: for diagnostics such as the guidance influence
+    /// ‖logit(·|s, g) − logit(·|s)‖.
+    pub fn next_logits(&self, prompts: &[Vec<u32>]) -> Result<Vec<Vec<f32>>> {
+        if let Some(i) = prompts.iter().position(|p| p.is_empty()) {
+            return Err(ModelError::InvalidArgument(format!(
+                "next_logits: prompt {i} is empty"
+            )));
+        }
+        let w = self.w.detached()?;
+        // One prompt at a time: no padding, so the logits are exactly those
+        // of the unpadded sequence.
+        prompts
+            .iter()
+            .map(|p| {
+                let (_, logits) = self.prefill(&w, &[p.as_slice()], p.len(), p.len())?;
+                Ok(logits.squeeze(0)?.to_vec1::<f32>()?)
+            })
+            .collect()
+    }
+
     /// Prefills `prompts`, left-padded to their own longest length `t`,
     /// into fresh caches of `capacity` columns, written right-aligned so the
     /// prompts end at column `p_len` (columns before `p_len - t` stay zero

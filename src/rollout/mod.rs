@@ -119,6 +119,10 @@ pub struct RolloutStats {
 pub enum RolloutError {
     #[error(transparent)]
     Model(#[from] ModelError),
+    /// Only where no episode can absorb it (diagnostics walking the expert
+    /// trajectory); in `run`, an env failure ends one episode.
+    #[error("env: {0}")]
+    Env(String),
 }
 
 struct Live<'a> {
@@ -466,6 +470,105 @@ pub fn run(
         })
         .collect();
     Ok((eps, stats))
+}
+
+/// The guided and unguided prompts of one state along the expert
+/// trajectory.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StatePrompts {
+    /// Expert actions executed before this state.
+    pub depth: usize,
+    /// The expert action taken from this state.
+    pub next_action: String,
+    /// With the first `plan_k` expert actions shown as the plan.
+    pub guided: Vec<u32>,
+    /// The same state without the plan.
+    pub unguided: Vec<u32>,
+}
+
+/// Walk the task's expert trajectory in a fresh env and return, for each
+/// state s_t (t = 0 .. L−1, after t expert actions), the prompt the policy
+/// would see there with the first `plan_k` expert actions as a plan, and
+/// without: the states of a guided rollout that follows its plan
+/// (ActGuide-RL's diagnostics, Fig. 3). Stops early if the env ends the
+/// episode before the last expert action.
+pub fn expert_state_prompts(
+    policy: &Policy,
+    tok: &Tok,
+    make_env: &dyn Fn(usize) -> Box<dyn Env>,
+    task: &Task,
+    plan_k: usize,
+    opts: &RolloutOptions,
+) -> Result<Vec<StatePrompts>, RolloutError> {
+    let cfg = policy.config();
+    let bos = cfg.bos_token_id;
+    let max_prompt = cfg
+        .max_position_embeddings
+        .saturating_sub(opts.max_action_tokens + 1)
+        .max(8);
+    let l_exp = task.expert.len();
+    let env = make_env(opts.env_limit(l_exp, l_exp));
+    let req = EpisodeRequest {
+        task,
+        spec: ResolvedSpec::default(),
+    };
+    let mut l = Live {
+        req,
+        env,
+        history: Vec::new(),
+        observation: String::new(),
+        admissible: Vec::new(),
+        plan: task.expert[..plan_k.min(l_exp)].to_vec(),
+        ep: Episode {
+            task_id: task.id.clone(),
+            spec: ResolvedSpec::default(),
+            turns: Vec::new(),
+            success: false,
+            reward: 0.0,
+            invalid: 0,
+            policy_turns: 0,
+            error: None,
+            hints: 0,
+            stopped: false,
+            actions: Vec::new(),
+            expert_match: 0,
+            info: Default::default(),
+        },
+        done: false,
+    };
+    let mut out = Vec::with_capacity(l_exp);
+    let obs = l
+        .env
+        .reset(task)
+        .map_err(|e| RolloutError::Env(e.to_string()))?;
+    l.observation = obs.text;
+    l.admissible = obs.admissible;
+    let mut done = obs.done;
+    for (t, a) in task.expert.iter().enumerate() {
+        if done {
+            break;
+        }
+        let guided = l.render(&l.plan, opts.history, opts.show_actions);
+        let unguided = l.render(&[], opts.history, opts.show_actions);
+        out.push(StatePrompts {
+            depth: t,
+            next_action: a.clone(),
+            guided: encode_prompt(tok, bos, &guided, max_prompt)?,
+            unguided: encode_prompt(tok, bos, &unguided, max_prompt)?,
+        });
+        let obs = l
+            .env
+            .step(a)
+            .map_err(|e| RolloutError::Env(e.to_string()))?;
+        let before = std::mem::replace(&mut l.observation, obs.text);
+        l.history.push(Step {
+            observation: before,
+            action: a.clone(),
+        });
+        l.admissible = obs.admissible;
+        done = obs.done;
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
