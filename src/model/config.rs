@@ -1,11 +1,22 @@
-//! Model configuration, field-compatible with Hugging Face
-//! `LlamaForCausalLM` `config.json` files.
+//! Model configuration, field-compatible with Hugging Face `config.json`
+//! files of the decoder families implemented here (`LlamaForCausalLM`,
+//! `Qwen2ForCausalLM`, `Qwen3ForCausalLM`).
 //!
-//! The same struct describes the tiny random models used in tests and
-//! experiments and real checkpoints (SmolLM2, Llama, Qwen2-style configs
-//! without biases), so a config written by [`ModelConfig::save`] loads in
-//! `transformers` and vice versa. Unknown fields (`rope_scaling`,
-//! `torch_dtype`, ...) are ignored on load.
+//! Two types split the config:
+//! - [`ModelConfig`]: the dimensions every family shares (vocabulary,
+//!   widths, heads, GQA, rope theta, tied head, special ids). The tiny
+//!   random models used in tests and experiments are plain Llama
+//!   `ModelConfig`s.
+//! - [`Arch`]: what differs between families and checkpoints: the
+//!   [`Family`] (from `model_type`/`architectures`), attention biases and
+//!   `rope_scaling`. [`Arch::from_config`] gives a family's defaults;
+//!   [`ModelConfig::from_file_with_arch`] reads both from a `config.json`.
+//!
+//! A config written by [`ModelConfig::save`] /
+//! [`ModelConfig::save_with_arch`] loads in `transformers` and vice versa.
+//! Unknown fields that do not change the math (`torch_dtype`,
+//! `attention_dropout`, ...) are ignored on load; fields that would change
+//! it in ways not implemented here are refused.
 
 use std::path::Path;
 
@@ -89,10 +100,45 @@ pub struct ModelConfig {
 }
 
 impl ModelConfig {
-    /// Reads and validates a `config.json`. Configs asking for features this
-    /// implementation lacks (`rope_scaling`, `attention_bias`, `mlp_bias`)
-    /// are rejected.
+    /// Reads and validates a `config.json` of any supported family, for
+    /// callers that keep only the [`ModelConfig`] (and so build the
+    /// family's default [`Arch`]). Settings that [`Arch::from_config`]
+    /// would not reproduce (`rope_scaling`, `attention_bias: true`) are
+    /// refused rather than silently dropped; use
+    /// [`ModelConfig::from_file_with_arch`] or
+    /// [`crate::model::Policy::from_hf_dir`] for those.
     pub fn from_file(path: &Path) -> Result<Self> {
+        let (cfg, arch) = Self::from_file_with_arch(path)?;
+        let plain = Arch::from_config(&cfg)?;
+        let cfg_err = |msg: String| ModelError::Config {
+            path: path.to_path_buf(),
+            msg,
+        };
+        if let Some(rs) = &arch.rope_scaling {
+            return Err(cfg_err(format!(
+                "rope_scaling = {} is not supported by ModelConfig::from_file (it would be \
+                 dropped); load with ModelConfig::from_file_with_arch or Policy::from_hf_dir",
+                rs.to_json()
+            )));
+        }
+        if arch.attention_bias != plain.attention_bias {
+            return Err(cfg_err(format!(
+                "attention_bias = {} is not supported by ModelConfig::from_file (it would be \
+                 dropped); load with ModelConfig::from_file_with_arch or Policy::from_hf_dir",
+                arch.attention_bias
+            )));
+        }
+        Ok(cfg)
+    }
+
+    /// Reads and validates a `config.json` with its architecture variant:
+    /// the family (from `model_type` and `architectures`; an unknown value
+    /// is [`ModelError::UnknownArchitecture`]), `attention_bias` and
+    /// `rope_scaling`. Settings that change the math in ways not
+    /// implemented here (`mlp_bias`, a `hidden_act` other than `silu`,
+    /// `use_sliding_window`, unsupported rope scaling types) are refused.
+    /// When `architectures` is absent it is set to the family's class name.
+    pub fn from_file_with_arch(path: &Path) -> Result<(Self, Arch)> {
         let text = std::fs::read_to_string(path).map_err(|source| ModelError::Io {
             path: path.to_path_buf(),
             source,
@@ -103,23 +149,90 @@ impl ModelConfig {
         };
         let raw: serde_json::Value =
             serde_json::from_str(&text).map_err(|e| cfg_err(e.to_string()))?;
+        if !raw.is_object() {
+            return Err(cfg_err("not a JSON object".into()));
+        }
         // Fields that change the math but that this implementation lacks:
         // refuse rather than silently run a different model.
-        for key in ["rope_scaling", "attention_bias", "mlp_bias"] {
-            match raw.get(key) {
-                None | Some(serde_json::Value::Null) | Some(serde_json::Value::Bool(false)) => {}
-                Some(v) => return Err(cfg_err(format!("{key} = {v} is not supported"))),
+        let is_true = |k: &str| raw.get(k).and_then(serde_json::Value::as_bool) == Some(true);
+        for key in ["mlp_bias", "use_sliding_window"] {
+            if is_true(key) {
+                return Err(cfg_err(format!("{key} = true is not supported")));
             }
         }
-        let cfg: ModelConfig = serde_json::from_value(raw).map_err(|e| cfg_err(e.to_string()))?;
-        cfg.validate().map_err(|e| ModelError::Config {
+        match raw.get("hidden_act") {
+            None | Some(serde_json::Value::Null) => {}
+            Some(serde_json::Value::String(a)) if a == "silu" => {}
+            Some(v) => {
+                return Err(cfg_err(format!(
+                    "hidden_act = {v} is not supported (only \"silu\")"
+                )))
+            }
+        }
+        let mut cfg: ModelConfig =
+            serde_json::from_value(raw.clone()).map_err(|e| cfg_err(e.to_string()))?;
+        let file = path.display().to_string();
+        if raw.get("architectures").is_none() {
+            // The serde default names Llama; use the family's own class.
+            cfg.architectures.clear();
+        }
+        let family = Family::resolve(&cfg.model_type, &cfg.architectures, &file)?;
+        if cfg.architectures.is_empty() {
+            cfg.architectures = vec![family.class_name().to_string()];
+        }
+        let attention_bias = match raw.get("attention_bias") {
+            None | Some(serde_json::Value::Null) => false,
+            Some(serde_json::Value::Bool(b)) => *b,
+            Some(v) => return Err(cfg_err(format!("attention_bias = {v} is not a boolean"))),
+        };
+        let rope_scaling = RopeScaling::from_json(raw.get("rope_scaling"))
+            .map_err(|m| cfg_err(format!("rope_scaling: {m}")))?;
+        let arch = Arch {
+            family,
+            attention_bias,
+            rope_scaling,
+        };
+        cfg.validate()
+            .and_then(|()| arch.validate())
+            .map_err(|e| ModelError::Config {
+                path: path.to_path_buf(),
+                msg: match e {
+                    ModelError::InvalidConfig(m) => m,
+                    other => other.to_string(),
+                },
+            })?;
+        Ok((cfg, arch))
+    }
+
+    /// Writes the config with its architecture variant (`attention_bias`,
+    /// `rope_scaling`, `hidden_act`) in HF form, so `transformers` builds
+    /// the same model from it.
+    pub fn save_with_arch(&self, arch: &Arch, path: &Path) -> Result<()> {
+        let cfg_err = |msg: String| ModelError::Config {
             path: path.to_path_buf(),
-            msg: match e {
-                ModelError::InvalidConfig(m) => m,
-                other => other.to_string(),
-            },
-        })?;
-        Ok(cfg)
+            msg,
+        };
+        let mut v = serde_json::to_value(self).map_err(|e| cfg_err(e.to_string()))?;
+        let obj = v
+            .as_object_mut()
+            .ok_or_else(|| cfg_err("config did not serialise to an object".into()))?;
+        obj.insert("hidden_act".into(), "silu".into());
+        if arch.family != Family::Qwen2 {
+            // Qwen2 has no such field: its q/k/v biases are unconditional.
+            obj.insert("attention_bias".into(), arch.attention_bias.into());
+        }
+        obj.insert(
+            "rope_scaling".into(),
+            arch.rope_scaling
+                .as_ref()
+                .map_or(serde_json::Value::Null, RopeScaling::to_json),
+        );
+        obj.insert("torch_dtype".into(), "float32".into());
+        let text = serde_json::to_string_pretty(&v).map_err(|e| cfg_err(e.to_string()))?;
+        std::fs::write(path, text + "\n").map_err(|source| ModelError::Io {
+            path: path.to_path_buf(),
+            source,
+        })
     }
 
     /// Writes the config as pretty JSON (HF field names).
@@ -219,6 +332,300 @@ impl ModelConfig {
             }
         }
         Ok(())
+    }
+}
+
+/// The decoder families implemented by [`crate::model::Policy`]. All are
+/// pre-norm decoders with RMSNorm, grouped-query attention, rotary
+/// embeddings in the rotate-half layout and a SwiGLU MLP; they differ in
+/// the attention projections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Family {
+    /// `model_type` "llama", `LlamaForCausalLM` (Llama 2/3, SmolLM2, the
+    /// tiny models): no biases unless `attention_bias`.
+    Llama,
+    /// `model_type` "qwen2", `Qwen2ForCausalLM` (Qwen2, Qwen2.5): q/k/v
+    /// projections always have biases, o does not.
+    Qwen2,
+    /// `model_type` "qwen3", `Qwen3ForCausalLM`: per-head RMSNorm of q and
+    /// k (`q_norm`, `k_norm`, width `head_dim`) after the projection and
+    /// before rotary; biases only with `attention_bias`.
+    Qwen3,
+}
+
+impl Family {
+    const ALL: [Family; 3] = [Family::Llama, Family::Qwen2, Family::Qwen3];
+
+    /// HF `model_type`.
+    pub fn model_type(self) -> &'static str {
+        match self {
+            Family::Llama => "llama",
+            Family::Qwen2 => "qwen2",
+            Family::Qwen3 => "qwen3",
+        }
+    }
+
+    /// HF model class (`architectures[0]`).
+    pub fn class_name(self) -> &'static str {
+        match self {
+            Family::Llama => "LlamaForCausalLM",
+            Family::Qwen2 => "Qwen2ForCausalLM",
+            Family::Qwen3 => "Qwen3ForCausalLM",
+        }
+    }
+
+    /// The family named by `model_type`; every entry of `architectures`
+    /// must be that family's class. `file` names the config in errors.
+    pub fn resolve(model_type: &str, architectures: &[String], file: &str) -> Result<Family> {
+        let supported = Self::ALL
+            .iter()
+            .map(|f| format!("{} ({})", f.model_type(), f.class_name()))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let unknown = |field: &str, value: String| ModelError::UnknownArchitecture {
+            file: file.to_string(),
+            field: field.to_string(),
+            value,
+            supported: supported.clone(),
+        };
+        let family = Self::ALL
+            .into_iter()
+            .find(|f| f.model_type() == model_type)
+            .ok_or_else(|| unknown("model_type", model_type.to_string()))?;
+        for a in architectures {
+            match Self::ALL.into_iter().find(|f| f.class_name() == a) {
+                Some(f) if f == family => {}
+                Some(_) => {
+                    return Err(unknown(
+                        "architectures",
+                        format!("{a} (does not match model_type {model_type})"),
+                    ))
+                }
+                None => return Err(unknown("architectures", a.clone())),
+            }
+        }
+        Ok(family)
+    }
+}
+
+/// HF `rope_scaling`: a rescaling of the rotary inverse frequencies,
+/// computed once at load time exactly like `transformers`'
+/// `ROPE_INIT_FUNCTIONS` (in f32). `rope_type` "default" (or a null
+/// `rope_scaling`) means none.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RopeScaling {
+    /// `"linear"`: every frequency divided by `factor`.
+    Linear { factor: f64 },
+    /// `"llama3"` (Llama 3.1/3.2): low frequencies (wavelength beyond
+    /// `original_max_position_embeddings / low_freq_factor`) divided by
+    /// `factor`, high ones (below `... / high_freq_factor`) kept, smooth
+    /// interpolation between.
+    Llama3 {
+        factor: f64,
+        low_freq_factor: f64,
+        high_freq_factor: f64,
+        original_max_position_embeddings: usize,
+    },
+}
+
+impl RopeScaling {
+    /// Parses HF's `rope_scaling` value (type under `rope_type`, or the
+    /// older `type`). Errors are messages; the caller adds the file.
+    pub fn from_json(v: Option<&serde_json::Value>) -> std::result::Result<Option<Self>, String> {
+        let obj = match v {
+            None | Some(serde_json::Value::Null) => return Ok(None),
+            Some(serde_json::Value::Object(o)) => o,
+            Some(other) => return Err(format!("expected an object or null, got {other}")),
+        };
+        let ty = obj
+            .get("rope_type")
+            .or_else(|| obj.get("type"))
+            .and_then(serde_json::Value::as_str)
+            .ok_or_else(|| "missing rope_type".to_string())?;
+        let num = |k: &str| -> std::result::Result<f64, String> {
+            obj.get(k)
+                .and_then(serde_json::Value::as_f64)
+                .ok_or_else(|| format!("{ty} scaling needs a number `{k}`"))
+        };
+        let scaling = match ty {
+            "default" => return Ok(None),
+            "linear" => RopeScaling::Linear {
+                factor: num("factor")?,
+            },
+            "llama3" => RopeScaling::Llama3 {
+                factor: num("factor")?,
+                low_freq_factor: num("low_freq_factor")?,
+                high_freq_factor: num("high_freq_factor")?,
+                original_max_position_embeddings: obj
+                    .get("original_max_position_embeddings")
+                    .and_then(serde_json::Value::as_u64)
+                    .ok_or_else(|| {
+                        "llama3 scaling needs an integer `original_max_position_embeddings`"
+                            .to_string()
+                    })? as usize,
+            },
+            other => {
+                return Err(format!(
+                    "rope_type `{other}` is not supported (supported: default, linear, llama3)"
+                ))
+            }
+        };
+        scaling.validate()?;
+        Ok(Some(scaling))
+    }
+
+    /// HF form of the value (`rope_type` key).
+    pub fn to_json(&self) -> serde_json::Value {
+        match self {
+            RopeScaling::Linear { factor } => {
+                serde_json::json!({"rope_type": "linear", "factor": factor})
+            }
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            } => serde_json::json!({
+                "rope_type": "llama3",
+                "factor": factor,
+                "low_freq_factor": low_freq_factor,
+                "high_freq_factor": high_freq_factor,
+                "original_max_position_embeddings": original_max_position_embeddings,
+            }),
+        }
+    }
+
+    fn validate(&self) -> std::result::Result<(), String> {
+        let pos = |k: &str, x: f64| {
+            if x.is_finite() && x > 0.0 {
+                Ok(())
+            } else {
+                Err(format!("{k} must be > 0, got {x}"))
+            }
+        };
+        match *self {
+            RopeScaling::Linear { factor } => pos("factor", factor),
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            } => {
+                pos("factor", factor)?;
+                pos("low_freq_factor", low_freq_factor)?;
+                pos("high_freq_factor", high_freq_factor)?;
+                if original_max_position_embeddings == 0 {
+                    return Err("original_max_position_embeddings must be > 0".into());
+                }
+                // The smooth interpolation divides by their difference.
+                if high_freq_factor <= low_freq_factor {
+                    return Err(format!(
+                        "high_freq_factor ({high_freq_factor}) must exceed low_freq_factor ({low_freq_factor})"
+                    ));
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Rescales the default inverse frequencies in place (HF
+    /// `_compute_linear_scaling_rope_parameters` /
+    /// `_compute_llama3_parameters`, f32 arithmetic like torch).
+    fn apply(&self, inv_freq: &mut [f32]) {
+        match *self {
+            RopeScaling::Linear { factor } => {
+                for f in inv_freq.iter_mut() {
+                    *f /= factor as f32;
+                }
+            }
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            } => {
+                let (factor, low, high) = (
+                    factor as f32,
+                    low_freq_factor as f32,
+                    high_freq_factor as f32,
+                );
+                let old = original_max_position_embeddings as f32;
+                let (low_wavelen, high_wavelen) = (old / low, old / high);
+                for f in inv_freq.iter_mut() {
+                    let wavelen = 2.0 * std::f32::consts::PI / *f;
+                    *f = if wavelen < high_wavelen {
+                        *f
+                    } else if wavelen > low_wavelen {
+                        *f / factor
+                    } else {
+                        let smooth = (old / wavelen - low) / (high - low);
+                        (1.0 - smooth) * *f / factor + smooth * *f
+                    };
+                }
+            }
+        }
+    }
+}
+
+/// The architecture variant of a model beyond its [`ModelConfig`]
+/// dimensions: which tensors exist and how rotary frequencies are built.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Arch {
+    pub family: Family,
+    /// HF `attention_bias` of Llama and Qwen3 configs: biases on the q, k,
+    /// v and o projections. Ignored for Qwen2, whose q/k/v biases are
+    /// unconditional (and whose o projection never has one).
+    pub attention_bias: bool,
+    pub rope_scaling: Option<RopeScaling>,
+}
+
+impl Arch {
+    /// The family's defaults (no `attention_bias`, no rope scaling) for an
+    /// in-memory config; an unknown `model_type`/`architectures` is
+    /// [`ModelError::UnknownArchitecture`].
+    pub fn from_config(cfg: &ModelConfig) -> Result<Arch> {
+        Ok(Arch {
+            family: Family::resolve(&cfg.model_type, &cfg.architectures, "<in-memory config>")?,
+            attention_bias: false,
+            rope_scaling: None,
+        })
+    }
+
+    /// Whether q/k/v projections carry `*.bias` tensors.
+    pub fn qkv_bias(&self) -> bool {
+        self.family == Family::Qwen2 || self.attention_bias
+    }
+
+    /// Whether the o projection carries an `o_proj.bias`.
+    pub fn o_bias(&self) -> bool {
+        self.family != Family::Qwen2 && self.attention_bias
+    }
+
+    /// Whether attention has per-head `q_norm`/`k_norm` RMSNorms (Qwen3).
+    pub fn qk_norm(&self) -> bool {
+        self.family == Family::Qwen3
+    }
+
+    /// Checks the rope scaling parameters.
+    pub fn validate(&self) -> Result<()> {
+        if let Some(rs) = &self.rope_scaling {
+            rs.validate()
+                .map_err(|m| ModelError::InvalidConfig(format!("rope_scaling: {m}")))?;
+        }
+        Ok(())
+    }
+
+    /// Rotary inverse frequencies (`head_dim / 2`), in f32 like HF:
+    /// `1 / theta^(2i / head_dim)`, then `rope_scaling`.
+    pub fn inv_freq(&self, cfg: &ModelConfig) -> Vec<f32> {
+        let hd = cfg.head_dim();
+        let mut inv: Vec<f32> = (0..hd / 2)
+            .map(|i| 1.0f32 / (cfg.rope_theta as f32).powf((2 * i) as f32 / hd as f32))
+            .collect();
+        if let Some(rs) = &self.rope_scaling {
+            rs.apply(&mut inv);
+        }
+        inv
     }
 }
 

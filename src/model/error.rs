@@ -33,10 +33,39 @@ pub enum ModelError {
     MissingTensor { file: String, name: String },
 
     /// A checkpoint holds a tensor this architecture does not use (e.g.
-    /// attention biases of a Qwen2 model): loading it would silently give a
-    /// different model.
-    #[error("{file}: unexpected tensor `{name}` (not part of a bias-free Llama model)")]
+    /// attention biases of a Qwen2 model loaded with a Llama config):
+    /// loading it would silently give a different model.
+    #[error("{file}: unexpected tensor `{name}` (not used by the configured architecture)")]
     UnexpectedTensor { file: String, name: String },
+
+    /// A weight is stored in a non-float dtype (e.g. a quantized
+    /// checkpoint), which cannot be converted to f32 meaningfully.
+    #[error("{file}: tensor `{name}` has dtype {dtype}, expected f32, f16 or bf16")]
+    Dtype {
+        file: String,
+        name: String,
+        dtype: String,
+    },
+
+    /// A config's `model_type` or `architectures` names a model family this
+    /// crate does not implement (or the two disagree).
+    #[error("{file}: unsupported {field} `{value}` (supported: {supported})")]
+    UnknownArchitecture {
+        file: String,
+        field: String,
+        value: String,
+        supported: String,
+    },
+
+    /// A file a HF model folder needs (`config.json`, the weights, a shard
+    /// named in the index) does not exist.
+    #[error("{}: {what} not found", path.display())]
+    MissingFile { path: PathBuf, what: String },
+
+    /// A checkpoint file exists but is malformed (unreadable safetensors,
+    /// an index without `weight_map`, ...).
+    #[error("{}: {msg}", path.display())]
+    Checkpoint { path: PathBuf, msg: String },
 
     /// A weight has the wrong shape for the config.
     #[error("{file}: tensor `{name}` has shape {got:?}, expected {expected:?}")]

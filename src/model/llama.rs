@@ -1,12 +1,17 @@
-//! The policy: a Llama-style decoder (HF `LlamaForCausalLM` layout and
-//! weight names) with a differentiable scoring path for training and a
-//! batched, KV-cached generation path for rollouts.
+//! The policy: a Llama-style decoder (HF `LlamaForCausalLM`,
+//! `Qwen2ForCausalLM` and `Qwen3ForCausalLM` layouts and weight names) with
+//! a differentiable scoring path for training and a batched, KV-cached
+//! generation path for rollouts.
 //!
 //! Architecture: token embedding, `num_hidden_layers` blocks of
 //! (RMSNorm → grouped-query attention with rotary embeddings in the HF
 //! rotate-half layout → residual, RMSNorm → SwiGLU MLP → residual), final
 //! RMSNorm, LM head (tied to the embedding or its own `lm_head.weight`).
-//! No biases.
+//! The [`Arch`] adds, per family: q/k/v(/o) projection biases (Qwen2, or
+//! `attention_bias`), per-head RMSNorm of q and k before rotary (Qwen3),
+//! and rescaled rotary frequencies (`rope_scaling`). Both paths (scoring
+//! and generation) run the same block code, so they cannot diverge by
+//! architecture.
 //!
 //! Everything runs in f32. The training path never uses candle's fused
 //! kernels (`softmax_last_dim`, `rms_norm`, `rope*`, `sdpa`): they have no
@@ -28,7 +33,7 @@ use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, Normal};
 
-use super::config::ModelConfig;
+use super::config::{Arch, ModelConfig};
 use super::error::{ModelError, Result};
 use super::ops;
 use super::trie::TokenTrie;
@@ -105,6 +110,15 @@ struct LayerW {
     down: Tensor,
     ln1: Tensor,
     ln2: Tensor,
+    /// q/k/v projection biases (`Arch::qkv_bias`), shapes `(out,)`.
+    bq: Option<Tensor>,
+    bk: Option<Tensor>,
+    bv: Option<Tensor>,
+    /// o projection bias (`Arch::o_bias`), `(hidden,)`.
+    bo: Option<Tensor>,
+    /// Per-head RMSNorm weights of q and k (`Arch::qk_norm`), `(head_dim,)`.
+    q_norm: Option<Tensor>,
+    k_norm: Option<Tensor>,
     /// `cat([gate, up])`, precomputed for generation (detached weights);
     /// `None` on the training path, where it is rebuilt from the `Var`s.
     gu: Option<Tensor>,
@@ -137,6 +151,12 @@ impl Weights {
                         down: f(&l.down)?,
                         ln1: f(&l.ln1)?,
                         ln2: f(&l.ln2)?,
+                        bq: l.bq.as_ref().map(f).transpose()?,
+                        bk: l.bk.as_ref().map(f).transpose()?,
+                        bv: l.bv.as_ref().map(f).transpose()?,
+                        bo: l.bo.as_ref().map(f).transpose()?,
+                        q_norm: l.q_norm.as_ref().map(f).transpose()?,
+                        k_norm: l.k_norm.as_ref().map(f).transpose()?,
                         gu: None,
                     })
                 })
@@ -180,6 +200,18 @@ impl Weights {
                     l.ln2.clone(),
                 ),
             ]);
+            for (n, t) in [
+                ("self_attn.q_proj.bias", &l.bq),
+                ("self_attn.k_proj.bias", &l.bk),
+                ("self_attn.v_proj.bias", &l.bv),
+                ("self_attn.o_proj.bias", &l.bo),
+                ("self_attn.q_norm.weight", &l.q_norm),
+                ("self_attn.k_norm.weight", &l.k_norm),
+            ] {
+                if let Some(t) = t {
+                    out.push((format!("{p}.{n}"), t.clone()));
+                }
+            }
         }
         if let Some(h) = &self.lm_head {
             out.push(("lm_head.weight".to_string(), h.clone()));
@@ -189,8 +221,9 @@ impl Weights {
     }
 }
 
-/// Names and HF shapes of every parameter the config needs, sorted by name.
-fn param_specs(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
+/// Names and HF shapes of every parameter the config and architecture
+/// need, sorted by name.
+fn param_specs(cfg: &ModelConfig, arch: &Arch) -> Vec<(String, Vec<usize>)> {
     let (h, i, v) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
     let hd = cfg.head_dim();
     let (nh, nkv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
@@ -211,6 +244,22 @@ fn param_specs(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
             (format!("{p}.input_layernorm.weight"), vec![h]),
             (format!("{p}.post_attention_layernorm.weight"), vec![h]),
         ]);
+        if arch.qkv_bias() {
+            out.extend([
+                (format!("{p}.self_attn.q_proj.bias"), vec![nh * hd]),
+                (format!("{p}.self_attn.k_proj.bias"), vec![nkv * hd]),
+                (format!("{p}.self_attn.v_proj.bias"), vec![nkv * hd]),
+            ]);
+        }
+        if arch.o_bias() {
+            out.push((format!("{p}.self_attn.o_proj.bias"), vec![h]));
+        }
+        if arch.qk_norm() {
+            out.extend([
+                (format!("{p}.self_attn.q_norm.weight"), vec![hd]),
+                (format!("{p}.self_attn.k_norm.weight"), vec![hd]),
+            ]);
+        }
     }
     if !cfg.tie_word_embeddings {
         out.push(("lm_head.weight".to_string(), vec![v, h]));
@@ -242,6 +291,7 @@ thread_local! {
 /// detached tensors.
 pub struct Policy {
     cfg: ModelConfig,
+    arch: Arch,
     device: Device,
     w: Weights,
     /// Sorted by name; empty for frozen copies.
@@ -255,6 +305,7 @@ impl std::fmt::Debug for Policy {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Policy")
             .field("cfg", &self.cfg)
+            .field("arch", &self.arch)
             .field("device", &self.device)
             .field("num_params", &self.num_params())
             .field("trainable", &!self.vars.is_empty())
@@ -281,37 +332,70 @@ struct LayerCache {
 
 impl Policy {
     /// Random init from a seeded RNG (candle's own CPU RNG cannot be
-    /// seeded): matrices ~ N(0, initializer_range), norm weights = 1.
-    /// Parameters are drawn in sorted-name order, so a seed fixes the model.
+    /// seeded): matrices ~ N(0, initializer_range), norm weights = 1,
+    /// biases = 0 (HF init). Parameters are drawn in sorted-name order, so
+    /// a seed fixes the model. The architecture is the family's default
+    /// ([`Arch::from_config`]).
     pub fn new_random(cfg: &ModelConfig, rng: &mut ChaCha8Rng, device: &Device) -> Result<Self> {
+        Self::new_random_with_arch(cfg, &Arch::from_config(cfg)?, rng, device)
+    }
+
+    /// [`Policy::new_random`] with an explicit architecture variant.
+    pub fn new_random_with_arch(
+        cfg: &ModelConfig,
+        arch: &Arch,
+        rng: &mut ChaCha8Rng,
+        device: &Device,
+    ) -> Result<Self> {
         cfg.validate()?;
+        arch.validate()?;
         let normal = Normal::new(0.0f32, cfg.initializer_range as f32)
             .map_err(|e| ModelError::InvalidConfig(format!("initializer_range: {e}")))?;
         let mut tensors = HashMap::new();
-        for (name, shape) in param_specs(cfg) {
+        for (name, shape) in param_specs(cfg, arch) {
             let n: usize = shape.iter().product();
-            let data: Vec<f32> = if shape.len() == 1 {
+            let data: Vec<f32> = if name.ends_with(".bias") {
+                vec![0.0; n]
+            } else if shape.len() == 1 {
                 vec![1.0; n]
             } else {
                 (0..n).map(|_| normal.sample(rng)).collect()
             };
             tensors.insert(name, Tensor::from_vec(data, shape, device)?);
         }
-        Self::assemble(cfg, tensors, "<random init>", device, true)
+        Self::assemble(
+            cfg,
+            arch,
+            tensors,
+            &|_| "<random init>".into(),
+            device,
+            true,
+        )
     }
 
     /// Builds a trainable policy from HF-named tensors (any float dtype; they
     /// are converted to f32 and copied into fresh `Var`s on the tensors'
-    /// device). A missing tensor, a wrong shape or an unexpected tensor
-    /// (biases, other architectures) is an error naming `file` and the
-    /// tensor. Tolerated extras: a redundant `lm_head.weight` in a tied
-    /// checkpoint and `*.rotary_emb.inv_freq` buffers.
+    /// device), with the family's default architecture
+    /// ([`Arch::from_config`]). A missing tensor, a wrong shape or an
+    /// unexpected tensor (biases the architecture lacks, other
+    /// architectures) is an error naming `file` and the tensor. Tolerated
+    /// extras: a redundant `lm_head.weight` in a tied checkpoint and
+    /// `*.rotary_emb.inv_freq` buffers.
     pub fn from_tensors(
         cfg: &ModelConfig,
         tensors: HashMap<String, Tensor>,
         file: &str,
     ) -> Result<Self> {
-        cfg.validate()?;
+        Self::from_tensors_with_arch(cfg, &Arch::from_config(cfg)?, tensors, file)
+    }
+
+    /// [`Policy::from_tensors`] with an explicit architecture variant.
+    pub fn from_tensors_with_arch(
+        cfg: &ModelConfig,
+        arch: &Arch,
+        tensors: HashMap<String, Tensor>,
+        file: &str,
+    ) -> Result<Self> {
         let device = match tensors.get("model.embed_tokens.weight") {
             Some(t) => t.device().clone(),
             None => {
@@ -321,31 +405,45 @@ impl Policy {
                 })
             }
         };
-        Self::assemble(cfg, tensors, file, &device, true)
+        Self::assemble(cfg, arch, tensors, &|_| file.to_string(), &device, true)
     }
 
-    fn assemble(
+    /// Checks `tensors` against the parameter list of `cfg` + `arch` and
+    /// builds the policy on `device`. `file_of(name)` names the file a
+    /// tensor comes (or should come) from, for error messages: sharded
+    /// checkpoints name the shard.
+    pub(super) fn assemble(
         cfg: &ModelConfig,
+        arch: &Arch,
         mut tensors: HashMap<String, Tensor>,
-        file: &str,
+        file_of: &dyn Fn(&str) -> String,
         device: &Device,
         trainable: bool,
     ) -> Result<Self> {
+        cfg.validate()?;
+        arch.validate()?;
         let mut vars = Vec::new();
         let mut got: HashMap<String, Tensor> = HashMap::new();
-        for (name, shape) in param_specs(cfg) {
+        for (name, shape) in param_specs(cfg, arch) {
             let t = tensors
                 .remove(&name)
                 .ok_or_else(|| ModelError::MissingTensor {
-                    file: file.to_string(),
+                    file: file_of(&name),
                     name: name.clone(),
                 })?;
             if t.dims() != shape.as_slice() {
                 return Err(ModelError::Shape {
-                    file: file.to_string(),
+                    file: file_of(&name),
                     name,
                     expected: shape,
                     got: t.dims().to_vec(),
+                });
+            }
+            if !t.dtype().is_float() {
+                return Err(ModelError::Dtype {
+                    file: file_of(&name),
+                    name,
+                    dtype: format!("{:?}", t.dtype()),
                 });
             }
             let t = t.to_dtype(DType::F32)?.to_device(device)?;
@@ -364,101 +462,71 @@ impl Policy {
                 || (cfg.tie_word_embeddings && name == "lm_head.weight");
             if !harmless {
                 return Err(ModelError::UnexpectedTensor {
-                    file: file.to_string(),
+                    file: file_of(name),
                     name: name.clone(),
                 });
             }
         }
-        let mut take = |n: &str| got.remove(n).expect("spec'd tensor present");
+        // Every spec'd tensor is in `got`; optional per-architecture ones
+        // (biases, q/k norms) are there iff `param_specs` listed them.
+        const SPEC: &str = "spec'd tensor present";
         let layers = (0..cfg.num_hidden_layers)
             .map(|l| {
-                let p = format!("model.layers.{l}");
+                let mut t = |n: &str| got.remove(&format!("model.layers.{l}.{n}"));
                 LayerW {
-                    q: take(&format!("{p}.self_attn.q_proj.weight")),
-                    k: take(&format!("{p}.self_attn.k_proj.weight")),
-                    v: take(&format!("{p}.self_attn.v_proj.weight")),
-                    o: take(&format!("{p}.self_attn.o_proj.weight")),
-                    gate: take(&format!("{p}.mlp.gate_proj.weight")),
-                    up: take(&format!("{p}.mlp.up_proj.weight")),
-                    down: take(&format!("{p}.mlp.down_proj.weight")),
-                    ln1: take(&format!("{p}.input_layernorm.weight")),
-                    ln2: take(&format!("{p}.post_attention_layernorm.weight")),
+                    q: t("self_attn.q_proj.weight").expect(SPEC),
+                    k: t("self_attn.k_proj.weight").expect(SPEC),
+                    v: t("self_attn.v_proj.weight").expect(SPEC),
+                    o: t("self_attn.o_proj.weight").expect(SPEC),
+                    gate: t("mlp.gate_proj.weight").expect(SPEC),
+                    up: t("mlp.up_proj.weight").expect(SPEC),
+                    down: t("mlp.down_proj.weight").expect(SPEC),
+                    ln1: t("input_layernorm.weight").expect(SPEC),
+                    ln2: t("post_attention_layernorm.weight").expect(SPEC),
+                    bq: t("self_attn.q_proj.bias"),
+                    bk: t("self_attn.k_proj.bias"),
+                    bv: t("self_attn.v_proj.bias"),
+                    bo: t("self_attn.o_proj.bias"),
+                    q_norm: t("self_attn.q_norm.weight"),
+                    k_norm: t("self_attn.k_norm.weight"),
                     gu: None,
                 }
             })
             .collect();
         let w = Weights {
-            embed: take("model.embed_tokens.weight"),
+            embed: got.remove("model.embed_tokens.weight").expect(SPEC),
             layers,
-            norm: take("model.norm.weight"),
+            norm: got.remove("model.norm.weight").expect(SPEC),
             lm_head: if cfg.tie_word_embeddings {
                 None
             } else {
-                Some(take("lm_head.weight"))
+                Some(got.remove("lm_head.weight").expect(SPEC))
             },
         };
-        let hd = cfg.head_dim();
-        let inv_freq = (0..hd / 2)
-            .map(|i| 1.0f32 / (cfg.rope_theta as f32).powf((2 * i) as f32 / hd as f32))
-            .collect();
         Ok(Policy {
             cfg: cfg.clone(),
+            arch: arch.clone(),
+            inv_freq: arch.inv_freq(cfg),
             device: device.clone(),
             w,
             vars,
-            inv_freq,
         })
     }
 
-    /// Loads HF weights: a `.safetensors` file, a sharded checkpoint's
-    /// `model.safetensors.index.json`, or a directory holding either.
+    /// Loads HF weights for `cfg` with the family's default architecture
+    /// ([`Arch::from_config`]): a `.safetensors` file, a sharded
+    /// checkpoint's `model.safetensors.index.json`, or a directory holding
+    /// either. [`Policy::from_hf_dir`] also reads the config (and its
+    /// `rope_scaling`/`attention_bias`) from the folder.
     pub fn load_safetensors(cfg: &ModelConfig, path: &Path, device: &Device) -> Result<Self> {
-        let io_err = |p: &Path, e: String| ModelError::Io {
-            path: p.to_path_buf(),
-            source: std::io::Error::other(e),
-        };
-        let mut path = path.to_path_buf();
-        if path.is_dir() {
-            let single = path.join("model.safetensors");
-            let index = path.join("model.safetensors.index.json");
-            path = if single.exists() { single } else { index };
-        }
-        let name = path.display().to_string();
-        let files: Vec<std::path::PathBuf> = if name.ends_with(".index.json") {
-            let text = std::fs::read_to_string(&path).map_err(|source| ModelError::Io {
-                path: path.clone(),
-                source,
-            })?;
-            let v: serde_json::Value =
-                serde_json::from_str(&text).map_err(|e| io_err(&path, e.to_string()))?;
-            let map = v
-                .get("weight_map")
-                .and_then(|m| m.as_object())
-                .ok_or_else(|| io_err(&path, "no weight_map in index".into()))?;
-            let mut shards: Vec<String> = map
-                .values()
-                .filter_map(|s| s.as_str().map(str::to_string))
-                .collect();
-            shards.sort();
-            shards.dedup();
-            let dir = path.parent().unwrap_or(Path::new("."));
-            shards.iter().map(|s| dir.join(s)).collect()
+        let arch = Arch::from_config(cfg)?;
+        let path = if path.is_dir() {
+            super::hf::weights_path(path)?
         } else {
-            vec![path.clone()]
+            path.to_path_buf()
         };
-        let mut tensors = HashMap::new();
-        for f in &files {
-            if !f.exists() {
-                return Err(ModelError::Io {
-                    path: f.clone(),
-                    source: std::io::Error::new(std::io::ErrorKind::NotFound, "file not found"),
-                });
-            }
-            let t =
-                candle_core::safetensors::load(f, device).map_err(|e| io_err(f, e.to_string()))?;
-            tensors.extend(t);
-        }
-        Self::from_tensors(cfg, tensors, &name)
+        let (tensors, origins) = super::hf::read_weights(&path)?;
+        Self::assemble(cfg, &arch, tensors, &|n| origins.file_of(n), device, true)
     }
 
     /// Writes all weights under their HF names (no `lm_head.weight` when
@@ -478,6 +546,11 @@ impl Policy {
 
     pub fn config(&self) -> &ModelConfig {
         &self.cfg
+    }
+
+    /// The architecture variant (family, biases, rope scaling).
+    pub fn arch(&self) -> &Arch {
+        &self.arch
     }
 
     pub fn device(&self) -> &Device {
@@ -509,6 +582,7 @@ impl Policy {
         let w = self.w.map(&|t| Ok(t.detach().copy()?))?;
         Ok(Policy {
             cfg: self.cfg.clone(),
+            arch: self.arch.clone(),
             device: self.device.clone(),
             w,
             vars: Vec::new(),
@@ -585,10 +659,21 @@ impl Policy {
         let scale = 1.0 / (hd as f64).sqrt();
 
         let h = ops::rms_norm(x, &lw.ln1, eps)?;
+        // Qwen3: RMSNorm over each head's `head_dim` values of q and k,
+        // after the projection and before rotary (HF order). Rows of
+        // `(b * t, heads * hd)` split into `(b * t * heads, hd)`.
+        let head_norm = |y: Tensor, w: &Option<Tensor>, heads: usize| -> Result<Tensor> {
+            match w {
+                Some(w) => ops::rms_norm(&y.reshape((b * t * heads, hd))?, w, eps),
+                None => Ok(y),
+            }
+        };
+        let q = head_norm(linear_b(&h, &lw.q, lw.bq.as_ref())?, &lw.q_norm, nh)?;
+        let k = head_norm(linear_b(&h, &lw.k, lw.bk.as_ref())?, &lw.k_norm, nkv)?;
         // (b, heads, t, hd), rotated.
-        let q = ops::rope_heads_first(&linear(&h, &lw.q)?.reshape((b, t, nh, hd))?, rope)?;
-        let k = ops::rope_heads_first(&linear(&h, &lw.k)?.reshape((b, t, nkv, hd))?, rope)?;
-        let v = linear(&h, &lw.v)?
+        let q = ops::rope_heads_first(&q.reshape((b, t, nh, hd))?, rope)?;
+        let k = ops::rope_heads_first(&k.reshape((b, t, nkv, hd))?, rope)?;
+        let v = linear_b(&h, &lw.v, lw.bv.as_ref())?
             .reshape((b, t, nkv, hd))?
             .transpose(1, 2)?
             .contiguous()?;
@@ -625,7 +710,7 @@ impl Policy {
             .reshape((b, nh, t, hd))?
             .transpose(1, 2)?
             .reshape((b * t, nh * hd))?;
-        let x = (x + linear(&y, &lw.o)?)?;
+        let x = (x + linear_b(&y, &lw.o, lw.bo.as_ref())?)?;
 
         let h = ops::rms_norm(&x, &lw.ln2, eps)?;
         let gu_w = match &lw.gu {
@@ -1146,6 +1231,15 @@ impl Sampler {
 /// `x (rows, in) @ w.T` for an HF `(out, in)` weight.
 fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     Ok(x.matmul(&w.t()?)?)
+}
+
+/// [`linear`] plus an optional `(out,)` bias (differentiable in all three).
+fn linear_b(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
+    let y = linear(x, w)?;
+    Ok(match b {
+        Some(b) => y.broadcast_add(b)?,
+        None => y,
+    })
 }
 
 #[cfg(test)]

@@ -1,9 +1,13 @@
 //! Policy model: a Llama-style decoder in candle, its tokenizer, and the
 //! pieces generation needs.
 //!
-//! - [`config`]: [`ModelConfig`], HF `LlamaForCausalLM` `config.json`
-//!   compatible.
+//! - [`config`]: [`ModelConfig`] (dimensions) and [`Arch`] (family:
+//!   Llama / Qwen2 / Qwen3, attention biases, `rope_scaling`), HF
+//!   `config.json` compatible.
 //! - [`error`]: [`ModelError`], the error type of everything here.
+//! - [`hf`]: HF model folders: [`Policy::from_hf_dir`] /
+//!   [`Policy::save_hf_dir`] (`config.json` + single or sharded
+//!   safetensors).
 //! - [`llama`]: [`Policy`], the model: random init / HF safetensors I/O,
 //!   differentiable scoring ([`Policy::score`]) for training and batched,
 //!   KV-cached, optionally constrained generation ([`Policy::generate`]) for
@@ -20,12 +24,13 @@
 
 pub mod config;
 pub mod error;
+pub mod hf;
 pub mod llama;
 mod ops;
 pub mod tokenizer;
 pub mod trie;
 
-pub use config::ModelConfig;
+pub use config::{Arch, Family, ModelConfig, RopeScaling};
 pub use error::ModelError;
 pub use llama::{GenerateOptions, Generated, Policy, ScoreBatch, ScoreOutput};
 pub use tokenizer::Tok;
