@@ -195,20 +195,24 @@ pub fn load_run(path: &std::path::Path) -> Result<RunModels, crate::experiment::
     let train = panel::read_jsonl(Path::new(&exp.env.train))?;
     let lens: Vec<usize> = train.iter().map(|t| t.expert.len()).collect();
     let clusters = Clusters::from_lengths(&lens, exp.guidance.clusters);
-    let cfg = ModelConfig::from_file(&loaded.dir.join("config.json"))?;
+    let (cfg, arch) = ModelConfig::from_file_with_arch(&loaded.dir.join("config.json"))?;
     let tok = Tok::from_file(&loaded.dir.join("tokenizer.json"))?;
-    let trained = Policy::from_tensors(
+    let trained = Policy::from_tensors_with_arch(
         &cfg,
+        &arch,
         loaded.weights.clone(),
         &loaded.dir.join("model.safetensors").display().to_string(),
     )?;
     // The run's initial policy, as the run built it.
-    let w = Path::new(&exp.model.path).join("model.safetensors");
-    let initial = if w.exists() {
-        Policy::load_safetensors(&cfg, &w, &device)?
+    let mdir = Path::new(&exp.model.path);
+    let initial = if mdir.join(crate::model::hf::WEIGHTS_FILE).exists()
+        || mdir.join(crate::model::hf::INDEX_FILE).exists()
+    {
+        Policy::from_hf_dir(mdir, &device)?
     } else {
-        Policy::new_random(
+        Policy::new_random_with_arch(
             &cfg,
+            &arch,
             &mut seed::rng(exp.seed, &[seed::label("init")]),
             &device,
         )?

@@ -237,28 +237,33 @@ fn setup(exp: Experiment, opts: &RunOptions) -> Result<(Ctx, usize), RunError> {
 
     let mdir = Path::new(&exp.model.path);
     let cfg_path = mdir.join("config.json");
-    let cfg = ModelConfig::from_file(&cfg_path)?;
+    let (cfg, arch) = ModelConfig::from_file_with_arch(&cfg_path)?;
     let tok_path = mdir.join("tokenizer.json");
     let tok = Tok::from_file(&tok_path)?;
     let tokenizer_json = std::fs::read_to_string(&tok_path).map_err(|e| io_err(&tok_path, e))?;
     let config_json = std::fs::read_to_string(&cfg_path).map_err(|e| io_err(&cfg_path, e))?;
     // The initial policy: weights from the model folder, else from the
     // seed. It is also the frozen KL reference, after a resume too.
-    let w = mdir.join("model.safetensors");
+    let has_weights = {
+        use crate::model::hf::{INDEX_FILE, WEIGHTS_FILE};
+        mdir.join(WEIGHTS_FILE).exists() || mdir.join(INDEX_FILE).exists()
+    };
     let load_initial = || -> Result<Policy, ModelError> {
-        if w.exists() {
-            Policy::load_safetensors(&cfg, &w, &device)
+        if has_weights {
+            Policy::from_hf_dir(mdir, &device)
         } else {
-            Policy::new_random(
+            Policy::new_random_with_arch(
                 &cfg,
+                &arch,
                 &mut seed::rng(exp.seed, &[seed::label("init")]),
                 &device,
             )
         }
     };
     let policy = match &resumed {
-        Some(l) => Policy::from_tensors(
+        Some(l) => Policy::from_tensors_with_arch(
             &cfg,
+            &arch,
             l.weights.clone(),
             &l.dir.join("model.safetensors").display().to_string(),
         )?,

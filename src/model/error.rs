@@ -80,6 +80,32 @@ pub enum ModelError {
     #[error("tokenizer {}: {msg}", path.display())]
     Tokenizer { path: PathBuf, msg: String },
 
+    /// A file that should be GGUF is not one, or its header (magic,
+    /// version, metadata, tensor table) is malformed or truncated.
+    #[error("{}: not a valid GGUF file: {msg}", path.display())]
+    NotGguf { path: PathBuf, msg: String },
+
+    /// A metadata key a GGUF model or tokenizer needs is absent.
+    #[error("{file}: missing GGUF metadata key `{key}`")]
+    MissingMetadata { file: String, key: String },
+
+    /// A GGUF metadata value has the wrong type or an unusable value.
+    #[error("{file}: GGUF metadata `{key}`: {msg}")]
+    BadMetadata {
+        file: String,
+        key: String,
+        msg: String,
+    },
+
+    /// A GGUF tensor's data cannot be read or dequantised (truncated file,
+    /// unsupported ggml type, size not a multiple of the block size).
+    #[error("{file}: GGUF tensor `{name}`: {msg}")]
+    TensorData {
+        file: String,
+        name: String,
+        msg: String,
+    },
+
     /// A caller passed arguments the model cannot honour (empty prompt,
     /// target position out of range, token id outside the vocabulary, ...).
     #[error("invalid argument: {0}")]

@@ -5,6 +5,11 @@
 //!   Llama / Qwen2 / Qwen3, attention biases, `rope_scaling`), HF
 //!   `config.json` compatible.
 //! - [`error`]: [`ModelError`], the error type of everything here.
+//! - [`gguf`]: GGUF files (llama.cpp): [`Policy::from_gguf`] (metadata →
+//!   config, dequantised tensors, Q/K un-permute) and
+//!   [`Policy::write_gguf`].
+//! - [`gguf_tokenizer`]: byte-level BPE tokenizers from GGUF metadata
+//!   ([`Tok::from_gguf`], [`GgufVocab`]).
 //! - [`hf`]: HF model folders: [`Policy::from_hf_dir`] /
 //!   [`Policy::save_hf_dir`] (`config.json` + single or sharded
 //!   safetensors).
@@ -24,6 +29,8 @@
 
 pub mod config;
 pub mod error;
+pub mod gguf;
+pub mod gguf_tokenizer;
 pub mod hf;
 pub mod llama;
 mod ops;
@@ -32,6 +39,8 @@ pub mod trie;
 
 pub use config::{Arch, Family, ModelConfig, RopeScaling};
 pub use error::ModelError;
+pub use gguf::{gguf_config, GgmlDType, GgufFile};
+pub use gguf_tokenizer::GgufVocab;
 pub use llama::{GenerateOptions, Generated, Policy, ScoreBatch, ScoreOutput};
 pub use tokenizer::Tok;
 pub use trie::TokenTrie;

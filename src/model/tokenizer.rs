@@ -2,9 +2,10 @@
 //!
 //! The tiny experiments use a word-level vocabulary built from the
 //! environment's words ([`Tok::build_word_level`]); real models load their
-//! `tokenizer.json` with [`Tok::from_file`]. Both go through the same
-//! `tokenizers::Tokenizer`, so the rest of the crate never cares which one it
-//! has. The word-level tokenizer is written as a standard `tokenizer.json`
+//! `tokenizer.json` with [`Tok::from_file`], or the vocabulary stored in a
+//! GGUF file with [`Tok::from_gguf`] (built in `gguf_tokenizer`). All go
+//! through the same `tokenizers::Tokenizer`, so the rest of the crate never
+//! cares which one it has. The word-level tokenizer is written as a standard `tokenizer.json`
 //! that Python `tokenizers`/`transformers` load unchanged.
 
 use std::path::{Path, PathBuf};
@@ -51,6 +52,11 @@ impl Tok {
             inner,
             origin: path.to_path_buf(),
         })
+    }
+
+    /// Wraps an already built tokenizer; `origin` names it in errors.
+    pub(super) fn from_parts(inner: Tokenizer, origin: PathBuf) -> Self {
+        Tok { inner, origin }
     }
 
     /// Builds a word-level tokenizer: ids `0..` are the `specials` in order
