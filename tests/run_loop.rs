@@ -25,7 +25,7 @@ fn experiment(runs_dir: &Path, name: &str, steps: usize, script: &str) -> Experi
             guidance: #{{ script: "{r}/scripts/guidance/{script}", clusters: 3 }},
             rollout: #{{ tasks_per_step: 3, group_size: 4 }},
             trainer: #{{ lr: 0.003, kl_coef: 0.01, aux_nll_coef: 0.5, minibatches: 2, micro_batch: 16 }},
-            evaluation: #{{ every: 2, max_tasks: 4 }},
+            evaluation: #{{ every: 2, max_tasks: 4, panels: ["test", "train"] }},
             checkpoint: #{{ every: 2 }},
         }}"#,
         runs = runs_dir.display(),
@@ -177,6 +177,12 @@ fn resume_after_a_stop_equals_an_uninterrupted_run() {
             .collect()
     };
     assert_eq!(strip(&ef), strip(&ep));
+    // The resumed run recovered the step-0 regions of both panels: its
+    // later lines carry the same in-/out-region split.
+    let last = strip(&ep);
+    assert!(last
+        .iter()
+        .any(|v| v["panel"] == "train" && v["step"] == 4 && v["in_region_tasks"].is_u64()));
 }
 
 #[test]
