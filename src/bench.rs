@@ -11,6 +11,7 @@ use crate::experiment::config::TrainerSection;
 use crate::experiment::RunError;
 use crate::guidance::ResolvedSpec;
 use crate::model::{ModelConfig, Policy, Tok};
+use crate::rollout::chat::PromptFormat;
 use crate::rollout::{self, EpisodeRequest, RolloutOptions};
 use crate::seed;
 use crate::train::{build_samples, group_advantages, AdvantageKind, Trainer};
@@ -111,6 +112,7 @@ pub fn run(cfg: &BenchConfig) -> Result<BenchReport, RunError> {
         record_prefix: false,
         max_steps: cfg.max_steps,
         step_slack: None,
+        format: PromptFormat::Plain,
     };
     let make = |limit: usize| -> Box<dyn Env> {
         make_env(&crate::env::EnvSpec::builtin("household"), limit)

@@ -845,3 +845,36 @@ fn every_parameter_gets_a_gradient() {
         }
     }
 }
+
+/// Writes every variant (and SmolLM2 converted from its GGUF, when
+/// `models/smollm2` has it) as a HF folder under `target/hf-export/<name>/`
+/// with `actguide_logits.json` (token ids and our last-position logits),
+/// for `scripts/check-hf-transformers.py` to load with HF transformers and
+/// compare. Run: `cargo test --test hf_models -- --ignored export`.
+#[test]
+#[ignore = "writes files for the HF transformers check (needs torch, outside CI)"]
+fn export_for_transformers_check() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/hf-export");
+    let mut models: Vec<(String, Policy)> = variants()
+        .into_iter()
+        .enumerate()
+        .map(|(i, (name, cfg, arch))| (name.to_string(), random_policy(&cfg, &arch, 40 + i as u64)))
+        .collect();
+    let gguf = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
+    if gguf.exists() {
+        models.push((
+            "smollm2".into(),
+            Policy::from_gguf(&gguf, &Device::Cpu).unwrap(),
+        ));
+    }
+    for (name, p) in &models {
+        let dir = root.join(name);
+        p.save_hf_dir(&dir, None).unwrap();
+        let ids: Vec<u32> = seqs(7, &[12])[0].clone();
+        let logits = p.next_logits(std::slice::from_ref(&ids)).unwrap().remove(0);
+        let out = serde_json::json!({ "ids": ids, "logits": logits });
+        std::fs::write(dir.join("actguide_logits.json"), out.to_string()).unwrap();
+        println!("wrote {}", dir.display());
+    }
+}

@@ -187,6 +187,11 @@ pub struct RolloutSection {
     pub max_action_tokens: usize,
     /// List the admissible actions in the prompt.
     pub show_actions: bool,
+    /// Prompt and answer format: "plain" (the word-level format, bare
+    /// action + eos) or "chat" (the model's chat template, auto-detected
+    /// from the tokenizer, and `<action>…</action>` answers ending with the
+    /// end-of-turn token); "chatml" / "llama3" force a template.
+    pub format: String,
 }
 
 impl Default for RolloutSection {
@@ -201,6 +206,7 @@ impl Default for RolloutSection {
             invalid_penalty: 0.0,
             max_action_tokens: 16,
             show_actions: true,
+            format: "plain".into(),
         }
     }
 }
@@ -565,6 +571,12 @@ impl Experiment {
                 "rollout.temperature must be > 0 and rollout.top_p in (0, 1]".into(),
             ));
         }
+        if crate::rollout::chat::PromptFormat::parse(&r.format).is_none() {
+            return Err(bad(format!(
+                "rollout.format must be \"plain\", \"chat\", \"chatml\" or \"llama3\", got \"{}\"",
+                r.format
+            )));
+        }
         if !["grpo", "dr_grpo"].contains(&t.advantage.as_str()) {
             return Err(bad(format!(
                 "trainer.advantage must be \"grpo\" or \"dr_grpo\", got \"{}\"",
@@ -760,5 +772,28 @@ let steps = 3;
             .unwrap_err()
             .to_string();
         assert!(msg.starts_with("x.rhai:1:"), "{msg}");
+    }
+
+    #[test]
+    fn rollout_format_defaults_to_plain_and_is_validated() {
+        let e = Experiment::from_source("x.rhai", GOOD).unwrap();
+        assert_eq!(e.rollout.format, "plain");
+        for ok in ["chat", "chatml", "llama3", "plain"] {
+            let src = GOOD.replace(
+                "steps: steps,",
+                &format!("steps: steps, rollout: #{{ format: \"{ok}\" }},"),
+            );
+            let e = Experiment::from_source("x.rhai", &src).unwrap();
+            assert_eq!(e.rollout.format, ok);
+        }
+        let src = GOOD.replace(
+            "steps: steps,",
+            "steps: steps, rollout: #{ format: \"jinja\" },",
+        );
+        let msg = Experiment::from_source("x.rhai", &src)
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("rollout.format must be"), "{msg}");
+        assert!(msg.contains("\"jinja\""), "{msg}");
     }
 }

@@ -11,6 +11,7 @@ use crate::env::{Env, Task};
 use crate::experiment::metrics::success_breakdown;
 use crate::guidance::{Clusters, ResolvedSpec};
 use crate::model::{Policy, Tok};
+use crate::rollout::chat::PromptFormat;
 use crate::rollout::{self, EpisodeRequest, RolloutError, RolloutOptions, RolloutStats};
 
 /// What to evaluate on.
@@ -229,6 +230,7 @@ pub fn load_run(path: &std::path::Path) -> Result<RunModels, crate::experiment::
         record_prefix: false,
         max_steps: exp.env.max_steps,
         step_slack: exp.env.step_slack,
+        format: PromptFormat::parse(&exp.rollout.format).unwrap_or_default(),
     };
     Ok(RunModels {
         ckpt_dir: loaded.dir.clone(),

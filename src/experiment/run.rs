@@ -20,6 +20,7 @@ use crate::guidance::host::{EpisodeView, ReloadOutcome, Role, TurnView};
 use crate::guidance::rounds::{drive, DriveReport, Outcome, Request};
 use crate::guidance::{Clusters, GuidanceHost, PlanLoss, ResolvedSpec, TaskResult, TaskView};
 use crate::model::{ModelConfig, ModelError, Policy, Tok};
+use crate::rollout::chat::PromptFormat;
 use crate::rollout::{self, EpisodeRequest, RolloutError, RolloutOptions, RolloutStats};
 use crate::script::watch::FileWatcher;
 use crate::script::ScriptError;
@@ -353,6 +354,7 @@ fn setup(exp: Experiment, opts: &RunOptions) -> Result<(Ctx, usize), RunError> {
         record_prefix: exp.trainer.aux_nll_coef > 0.0 || exp.trainer.train_prefix,
         max_steps: exp.env.max_steps,
         step_slack: exp.env.step_slack,
+        format: PromptFormat::parse(&exp.rollout.format).unwrap_or_default(),
     };
     let watcher = FileWatcher::new(&host.watched_files()).ok();
     Ok((

@@ -2,6 +2,7 @@
 //! batched across every live episode; guidance applied (executed expert
 //! prefixes, plans in the prompt); per-turn token records out.
 
+pub mod chat;
 pub mod prompt;
 
 use std::time::Instant;
@@ -12,6 +13,7 @@ use crate::env::{Env, EnvError, Task};
 use crate::guidance::host::{Intervention, TurnView};
 use crate::guidance::ResolvedSpec;
 use crate::model::{GenerateOptions, ModelError, Policy, Tok, TokenTrie};
+use chat::{ChatError, ChatTemplate, PromptFormat};
 use prompt::{project, render, PromptParts, Step};
 
 /// Rollout settings (from the experiment's `rollout` section).
@@ -34,6 +36,8 @@ pub struct RolloutOptions {
     /// still to do plus this slack: success then needs near-expert play,
     /// so rewarded episodes carry few wandering actions.
     pub step_slack: Option<usize>,
+    /// Prompt and answer format (`rollout.format`).
+    pub format: PromptFormat,
 }
 
 impl RolloutOptions {
@@ -123,6 +127,9 @@ pub enum RolloutError {
     /// trajectory); in `run`, an env failure ends one episode.
     #[error("env: {0}")]
     Env(String),
+    /// The tokenizer does not fit the chat format.
+    #[error("rollout.format: {0}")]
+    Chat(#[from] ChatError),
 }
 
 struct Live<'a> {
@@ -137,8 +144,15 @@ struct Live<'a> {
 }
 
 impl Live<'_> {
-    fn render(&self, plan: &[String], window: usize, show_actions: bool) -> String {
-        render(&PromptParts {
+    /// Prompt token ids of the current state with `plan` shown.
+    fn prompt(
+        &self,
+        fmt: &Fmt<'_>,
+        plan: &[String],
+        window: usize,
+        show_actions: bool,
+    ) -> Result<Vec<u32>, ModelError> {
+        fmt.prompt(&PromptParts {
             goal: &self.req.task.goal,
             plan,
             history: &self.history,
@@ -186,6 +200,106 @@ fn encode_prompt(
     Ok(ids)
 }
 
+/// Drop tokens after the first `keep` until `ids` fits in `max_len`
+/// (keeping the end: status, observation and actions matter most).
+fn truncate_left(ids: &mut Vec<u32>, keep: usize, max_len: usize) {
+    if ids.len() > max_len {
+        let cut = ids.len() - max_len;
+        let keep = keep.min(ids.len() - cut);
+        ids.drain(keep..keep + cut);
+    }
+}
+
+/// How prompts are encoded and answers read under the rollout format.
+struct Fmt<'t> {
+    tok: &'t Tok,
+    bos: Option<u32>,
+    max_prompt: usize,
+    /// `Some` in the chat format.
+    chat: Option<ChatTemplate>,
+    /// Ends an answer: the model's eos (plain) or the template's
+    /// end-of-turn token (chat).
+    stop: u32,
+}
+
+impl<'t> Fmt<'t> {
+    fn new(policy: &Policy, tok: &'t Tok, opts: &RolloutOptions) -> Result<Self, RolloutError> {
+        let cfg = policy.config();
+        let max_prompt = cfg
+            .max_position_embeddings
+            .saturating_sub(opts.max_action_tokens + 1)
+            .max(8);
+        let eos = cfg.eos_token_id.unwrap_or(0);
+        let (chat, stop) = match opts.format {
+            PromptFormat::Plain => (None, eos),
+            PromptFormat::Chat(explicit) => {
+                let t = match explicit {
+                    Some(t) => {
+                        t.check(tok)?;
+                        t
+                    }
+                    None => ChatTemplate::detect(tok)?,
+                };
+                (Some(t), t.stop_id(tok)?)
+            }
+        };
+        Ok(Fmt {
+            tok,
+            bos: cfg.bos_token_id,
+            max_prompt,
+            chat,
+            stop,
+        })
+    }
+
+    /// Prompt token ids. Plain: BOS + the word-level prompt. Chat: the
+    /// rendered template (its special tokens encode as single ids; it
+    /// carries its own BOS where the template has one).
+    fn prompt(&self, parts: &PromptParts) -> Result<Vec<u32>, ModelError> {
+        match self.chat {
+            None => encode_prompt(self.tok, self.bos, &render(parts), self.max_prompt),
+            Some(t) => {
+                let mut ids = self.tok.encode(&chat::render_agent(t, parts))?;
+                truncate_left(&mut ids, t.keep_prefix_tokens(), self.max_prompt);
+                Ok(ids)
+            }
+        }
+    }
+
+    /// Tokens of a well-formed answer `a`, without the stop token.
+    fn action_ids(&self, a: &str) -> Result<Vec<u32>, ModelError> {
+        match self.chat {
+            None => self.tok.encode(a),
+            Some(_) => self.tok.encode(&chat::wrap_action(a)),
+        }
+    }
+
+    /// Read the decoded answer: whether it is a valid action, and the
+    /// action to send to the env. A chat-format violation is invalid and
+    /// never executed: the env gets the raw text, marked if it happens to
+    /// name an admissible action.
+    fn read(&self, text: &str, admissible: &[String]) -> (bool, String) {
+        let inner = match self.chat {
+            None => text.to_string(),
+            Some(_) => match chat::parse_action(text) {
+                Ok(a) => a,
+                Err(e) => {
+                    let action = if project(text, admissible).is_some() {
+                        format!("[{e}] {text}")
+                    } else {
+                        text.to_string()
+                    };
+                    return (false, action);
+                }
+            },
+        };
+        match project(&inner, admissible) {
+            Some(a) => (true, a.clone()),
+            None => (false, inner),
+        }
+    }
+}
+
 /// Called before each policy turn of each live episode.
 pub type InterveneFn<'f> = &'f mut dyn FnMut(&TurnView) -> Intervention;
 
@@ -203,13 +317,8 @@ pub fn run(
     mut intervene: Option<InterveneFn<'_>>,
 ) -> Result<(Vec<Episode>, RolloutStats), RolloutError> {
     let t0 = Instant::now();
-    let cfg = policy.config();
-    let eos = cfg.eos_token_id.unwrap_or(0);
-    let bos = cfg.bos_token_id;
-    let max_prompt = cfg
-        .max_position_embeddings
-        .saturating_sub(opts.max_action_tokens + 1)
-        .max(8);
+    let fmt = Fmt::new(policy, tok, opts)?;
+    let eos = fmt.stop;
     let mut stats = RolloutStats::default();
     let mut live: Vec<Live> = Vec::with_capacity(requests.len());
     for req in requests {
@@ -270,10 +379,10 @@ pub fn run(
         };
         for a in req.task.expert.iter().take(n_exec) {
             let record = if opts.record_prefix || expert_ep {
-                let text = l.render(&l.plan, opts.history, opts.show_actions);
-                let mut action_ids = tok.encode(a)?;
+                let prompt_ids = l.prompt(&fmt, &l.plan, opts.history, opts.show_actions)?;
+                let mut action_ids = fmt.action_ids(a)?;
                 action_ids.push(eos);
-                Some((encode_prompt(tok, bos, &text, max_prompt)?, action_ids))
+                Some((prompt_ids, action_ids))
             } else {
                 None
             };
@@ -380,19 +489,9 @@ pub fn run(
             let hint: Vec<String> = hints[i].iter().cloned().collect();
             let shown: &[String] = if hint.is_empty() { &l.plan } else { &hint };
             let guided = !shown.is_empty();
-            prompts.push(encode_prompt(
-                tok,
-                bos,
-                &l.render(shown, opts.history, opts.show_actions),
-                max_prompt,
-            )?);
+            prompts.push(l.prompt(&fmt, shown, opts.history, opts.show_actions)?);
             unguided.push(if guided {
-                Some(encode_prompt(
-                    tok,
-                    bos,
-                    &l.render(&[], opts.history, opts.show_actions),
-                    max_prompt,
-                )?)
+                Some(l.prompt(&fmt, &[], opts.history, opts.show_actions)?)
             } else {
                 None
             });
@@ -400,7 +499,7 @@ pub fn run(
                 let acts = l
                     .admissible
                     .iter()
-                    .map(|a| tok.encode(a))
+                    .map(|a| fmt.action_ids(a))
                     .collect::<Result<Vec<_>, _>>()?;
                 tries.push(TokenTrie::new(&acts, eos));
             }
@@ -418,9 +517,7 @@ pub fn run(
             let l = &mut live[i];
             let body: Vec<u32> = g.tokens.iter().copied().filter(|&t| t != eos).collect();
             let text = tok.decode(&body)?;
-            let matched = project(&text, &l.admissible).cloned();
-            let valid = matched.is_some();
-            let action = matched.unwrap_or_else(|| text.clone());
+            let (valid, action) = fmt.read(&text, &l.admissible);
             l.ep.turns.push(Turn {
                 prompt_ids: p,
                 unguided_prompt_ids: u,
@@ -500,12 +597,7 @@ pub fn expert_state_prompts(
     plan_k: usize,
     opts: &RolloutOptions,
 ) -> Result<Vec<StatePrompts>, RolloutError> {
-    let cfg = policy.config();
-    let bos = cfg.bos_token_id;
-    let max_prompt = cfg
-        .max_position_embeddings
-        .saturating_sub(opts.max_action_tokens + 1)
-        .max(8);
+    let fmt = Fmt::new(policy, tok, opts)?;
     let l_exp = task.expert.len();
     let env = make_env(opts.env_limit(l_exp, l_exp));
     let req = EpisodeRequest {
@@ -548,13 +640,11 @@ pub fn expert_state_prompts(
         if done {
             break;
         }
-        let guided = l.render(&l.plan, opts.history, opts.show_actions);
-        let unguided = l.render(&[], opts.history, opts.show_actions);
         out.push(StatePrompts {
             depth: t,
             next_action: a.clone(),
-            guided: encode_prompt(tok, bos, &guided, max_prompt)?,
-            unguided: encode_prompt(tok, bos, &unguided, max_prompt)?,
+            guided: l.prompt(&fmt, &l.plan, opts.history, opts.show_actions)?,
+            unguided: l.prompt(&fmt, &[], opts.history, opts.show_actions)?,
         });
         let obs = l
             .env
@@ -588,7 +678,150 @@ mod tests {
             record_prefix: false,
             max_steps,
             step_slack,
+            format: PromptFormat::Plain,
         }
+    }
+
+    /// A tiny random policy whose word-level tokenizer has the ChatML
+    /// specials (and the tag pieces `<`, `</`, `>`, `action`, `think`).
+    fn chat_setup() -> (Policy, Tok, Vec<Task>) {
+        let mut words: Vec<String> = crate::env::household::vocabulary()
+            .iter()
+            .map(|w| w.to_lowercase())
+            .collect();
+        words.extend(["<", "</", ">", "action", "think"].map(String::from));
+        words.sort();
+        words.dedup();
+        let tok = Tok::build_word_level(&words, &["[PAD]", "<|im_start|>", "<|im_end|>", "[EOS]"])
+            .unwrap();
+        let cfg = crate::tiny::tiny_config(tok.vocab_size());
+        let policy = Policy::new_random(
+            &cfg,
+            &mut crate::seed::rng(7, &[1]),
+            &candle_core::Device::Cpu,
+        )
+        .unwrap();
+        let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        let tasks = crate::env::panel::read_jsonl(&root.join("envs/household/test.jsonl")).unwrap();
+        (policy, tok, tasks[..2].to_vec())
+    }
+
+    fn household(limit: usize) -> Box<dyn Env> {
+        crate::env::make_env(&crate::env::EnvSpec::builtin("household"), limit)
+    }
+
+    #[test]
+    fn chat_format_violations_are_invalid_with_the_penalty() {
+        let (policy, tok, tasks) = chat_setup();
+        let stop = tok.token_id("<|im_end|>").unwrap();
+        let o = RolloutOptions {
+            constrained: false,
+            // Too short for `< action > … </ action >`: every answer is a
+            // format violation.
+            max_action_tokens: 4,
+            invalid_penalty: -0.25,
+            format: PromptFormat::Chat(None),
+            ..opts(3, None)
+        };
+        let reqs: Vec<EpisodeRequest> = tasks
+            .iter()
+            .map(|t| EpisodeRequest {
+                task: t,
+                spec: ResolvedSpec {
+                    plan: 2,
+                    ..Default::default()
+                },
+            })
+            .collect();
+        let mut rng = crate::seed::rng(7, &[2]);
+        let (eps, _) = run(&policy, &tok, &household, &reqs, &o, &mut rng, None).unwrap();
+        for ep in &eps {
+            assert!(ep.error.is_none(), "{:?}", ep.error);
+            assert_eq!(ep.policy_turns, 3);
+            assert_eq!(ep.invalid, 3);
+            assert!(!ep.success);
+            assert!((ep.reward - 3.0 * -0.25).abs() < 1e-12, "{}", ep.reward);
+            for t in &ep.turns {
+                assert!(!t.valid);
+                // The prompt is the rendered template: it starts with
+                // `<|im_start|>` and ends with the assistant header.
+                assert_eq!(t.prompt_ids[0], tok.token_id("<|im_start|>").unwrap());
+                assert!(t.unguided_prompt_ids.is_some());
+                assert!(t.action_ids.len() <= 4);
+                assert!(t.action_ids[..t.action_ids.len() - 1]
+                    .iter()
+                    .all(|&x| x != stop));
+            }
+        }
+        // A bare admissible action without tags is a violation too, and is
+        // not executed.
+        let fmt = Fmt::new(&policy, &tok, &o).unwrap();
+        assert_eq!(fmt.stop, stop);
+        let adm = vec!["look".to_string()];
+        let (valid, action) = fmt.read("look", &adm);
+        assert!(!valid);
+        assert!(project(&action, &adm).is_none(), "{action}");
+        assert_eq!(
+            fmt.read("< action > look </ action >", &adm),
+            (true, "look".to_string())
+        );
+        assert_eq!(
+            fmt.read("<action>jump</action>", &adm),
+            (false, "jump".to_string())
+        );
+    }
+
+    #[test]
+    fn chat_format_constrained_actions_are_executed() {
+        let (policy, tok, tasks) = chat_setup();
+        let stop = tok.token_id("<|im_end|>").unwrap();
+        let o = RolloutOptions {
+            max_action_tokens: 40,
+            invalid_penalty: -0.25,
+            record_prefix: true,
+            format: PromptFormat::Chat(None),
+            ..opts(3, None)
+        };
+        let reqs: Vec<EpisodeRequest> = tasks
+            .iter()
+            .map(|t| EpisodeRequest {
+                task: t,
+                spec: ResolvedSpec {
+                    prefix: 1,
+                    ..Default::default()
+                },
+            })
+            .collect();
+        let mut rng = crate::seed::rng(7, &[3]);
+        let (eps, _) = run(&policy, &tok, &household, &reqs, &o, &mut rng, None).unwrap();
+        for (ep, task) in eps.iter().zip(&tasks) {
+            assert!(ep.error.is_none(), "{:?}", ep.error);
+            assert_eq!(ep.invalid, 0);
+            assert!(ep.policy_turns >= 1);
+            // The executed prefix turn is recorded in the chat format.
+            let first = &ep.turns[0];
+            assert!(first.prefix);
+            let mut want = tok
+                .encode(&format!("<action>{}</action>", task.expert[0]))
+                .unwrap();
+            want.push(stop);
+            assert_eq!(first.action_ids, want);
+            for (t, a) in ep.turns.iter().zip(&ep.actions) {
+                assert!(t.valid);
+                assert_eq!(&t.action, a);
+                assert_eq!(t.action_ids.last(), Some(&stop));
+                let text = tok.decode(&t.action_ids).unwrap();
+                assert_eq!(normalize_action(&text), prompt::normalize(a), "{text}");
+            }
+        }
+        // No chat specials: a clear error.
+        let plain = crate::tiny::tiny_tokenizer().unwrap();
+        let e = run(&policy, &plain, &household, &reqs, &o, &mut rng, None).unwrap_err();
+        assert!(e.to_string().contains("chat special tokens"), "{e}");
+    }
+
+    fn normalize_action(text: &str) -> String {
+        prompt::normalize(&chat::parse_action(text).unwrap())
     }
 
     #[test]
