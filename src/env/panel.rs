@@ -180,6 +180,43 @@ pub fn random_policy_success(
         .collect()
 }
 
+/// Feed `check` every text an env shows over `tasks`: each goal and
+/// expert action, and per task one expert rollout and two random ones
+/// (observations, admissible actions, status lines). The envs' vocabulary
+/// tests use it to prove their word lists cover everything emitted.
+#[cfg(test)]
+pub(crate) fn visit_texts(
+    env: &mut dyn crate::env::Env,
+    tasks: &[Task],
+    seed: u64,
+    check: &mut dyn FnMut(&str),
+) {
+    use rand::seq::IndexedRandom;
+    use rand::SeedableRng;
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    for t in tasks {
+        check(&t.goal);
+        t.expert.iter().for_each(|a| check(a));
+        for rollout in 0..3 {
+            let mut obs = env.reset(t).expect("reset");
+            check(&env.status());
+            let mut i = 0;
+            while !obs.done {
+                check(&obs.text);
+                obs.admissible.iter().for_each(|a| check(a));
+                let action = match rollout {
+                    0 => t.expert[i].clone(),
+                    _ => obs.admissible.choose(&mut rng).expect("an action").clone(),
+                };
+                i += 1;
+                obs = env.step(&action).expect("step");
+                check(&env.status());
+            }
+            check(&obs.text);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

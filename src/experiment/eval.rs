@@ -140,6 +140,16 @@ fn summary(counts: &[&TaskCounts], n: usize) -> Value {
     })
 }
 
+/// The panel file a `--panel` value names: "test" or "train" (the run's
+/// own panels), else a path.
+pub fn panel_path(exp: &crate::experiment::config::Experiment, panel: &str) -> std::path::PathBuf {
+    match panel {
+        "test" => std::path::PathBuf::from(&exp.env.test),
+        "train" => std::path::PathBuf::from(&exp.env.train),
+        other => std::path::PathBuf::from(other),
+    }
+}
+
 /// A run's experiment, its trained policy (latest or given checkpoint) and
 /// its initial policy, rebuilt as the run built it.
 pub struct RunModels {
@@ -270,11 +280,7 @@ pub fn eval_checkpoint(
         ..
     } = load_run(path)?;
     let mut opts = ropts;
-    let panel_path = match o.panel.as_str() {
-        "test" => std::path::PathBuf::from(&exp.env.test),
-        "train" => std::path::PathBuf::from(&exp.env.train),
-        other => std::path::PathBuf::from(other),
-    };
+    let panel_path = panel_path(&exp, &o.panel);
     let mut tasks = panel::read_jsonl(&panel_path)?;
     if o.max_tasks > 0 {
         tasks.truncate(o.max_tasks);

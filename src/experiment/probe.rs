@@ -11,7 +11,7 @@ use std::path::Path;
 use serde::Serialize;
 
 use crate::env::{panel, Task};
-use crate::experiment::eval::{load_run, RunModels};
+use crate::experiment::eval::{load_run, panel_path, RunModels};
 use crate::experiment::RunError;
 use crate::guidance::ResolvedSpec;
 use crate::rollout::{self, EpisodeRequest};
@@ -110,11 +110,7 @@ pub fn probe(path: &Path, o: &ProbeOptions) -> Result<ProbeResult, RunError> {
         ..
     } = load_run(path)?;
     let policy = if o.initial { &initial } else { &trained };
-    let panel_path = match o.panel.as_str() {
-        "test" => std::path::PathBuf::from(&exp.env.test),
-        "train" => std::path::PathBuf::from(&exp.env.train),
-        other => std::path::PathBuf::from(other),
-    };
+    let panel_path = panel_path(&exp, &o.panel);
     let all = panel::read_jsonl(&panel_path)?;
     let tasks: Vec<Task> = if o.tasks.is_empty() {
         let mut taken = std::collections::BTreeMap::<usize, usize>::new();

@@ -1055,11 +1055,10 @@ fn run_eval(
 /// Log a metrics or eval line's numbers to TensorBoard under `prefix/`.
 fn tb_write(ctx: &mut Ctx, step: usize, prefix: &str, line: &Value) -> Result<(), RunError> {
     if let Some(w) = &mut ctx.tb {
-        let mut v = line.clone();
-        if let Value::Object(m) = &mut v {
-            m.remove("step");
-        }
-        let scalars = scalars_from_json(prefix, &v);
+        // The step is the event's own step, not a scalar.
+        let step_tag = format!("{prefix}/step");
+        let mut scalars = scalars_from_json(prefix, line);
+        scalars.retain(|(tag, _)| *tag != step_tag);
         w.write_scalars(step as i64, wall_time_now(), &scalars)
             .map_err(|e| io_err(w.path(), e))?;
     }

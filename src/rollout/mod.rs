@@ -143,7 +143,48 @@ struct Live<'a> {
     done: bool,
 }
 
-impl Live<'_> {
+impl<'a> Live<'a> {
+    /// A fresh episode for `req` in `env` (not reset yet); the plan is the
+    /// first `req.spec.plan` expert actions.
+    fn new(req: EpisodeRequest<'a>, env: Box<dyn Env>) -> Self {
+        let expert = &req.task.expert;
+        Live {
+            plan: expert[..req.spec.plan.min(expert.len())].to_vec(),
+            ep: Episode {
+                task_id: req.task.id.clone(),
+                spec: req.spec,
+                turns: Vec::new(),
+                success: false,
+                reward: 0.0,
+                invalid: 0,
+                policy_turns: 0,
+                error: None,
+                hints: 0,
+                stopped: false,
+                actions: Vec::new(),
+                expert_match: 0,
+                info: Default::default(),
+            },
+            req,
+            env,
+            history: Vec::new(),
+            observation: String::new(),
+            admissible: Vec::new(),
+            done: false,
+        }
+    }
+
+    /// `action` was taken and the env answered `text` with `admissible`:
+    /// the old observation and the action enter the history.
+    fn advance(&mut self, action: String, text: String, admissible: Vec<String>) {
+        let before = std::mem::replace(&mut self.observation, text);
+        self.history.push(Step {
+            observation: before,
+            action,
+        });
+        self.admissible = admissible;
+    }
+
     /// Prompt token ids of the current state with `plan` shown.
     fn prompt(
         &self,
@@ -330,31 +371,7 @@ pub fn run(
             req.spec.prefix
         };
         let env = make_env(opts.env_limit(req.task.expert.len(), executed));
-        let ep = Episode {
-            task_id: req.task.id.clone(),
-            spec: req.spec,
-            turns: Vec::new(),
-            success: false,
-            reward: 0.0,
-            invalid: 0,
-            policy_turns: 0,
-            error: None,
-            hints: 0,
-            stopped: false,
-            actions: Vec::new(),
-            expert_match: 0,
-            info: Default::default(),
-        };
-        let mut l = Live {
-            req: req.clone(),
-            env,
-            history: Vec::new(),
-            observation: String::new(),
-            admissible: Vec::new(),
-            plan: req.task.expert[..req.spec.plan.min(req.task.expert.len())].to_vec(),
-            ep,
-            done: false,
-        };
+        let mut l = Live::new(req.clone(), env);
         match l.env.reset(req.task) {
             Ok(obs) => {
                 l.observation = obs.text;
@@ -400,12 +417,7 @@ pub fn run(
                             action: a.clone(),
                         });
                     }
-                    let before = std::mem::replace(&mut l.observation, obs.text);
-                    l.history.push(Step {
-                        observation: before,
-                        action: a.clone(),
-                    });
-                    l.admissible = obs.admissible;
+                    l.advance(a.clone(), obs.text, obs.admissible);
                     if obs.done {
                         l.ep.success = obs.success;
                         l.ep.reward += f64::from(obs.reward);
@@ -540,12 +552,7 @@ pub fn run(
                     if !obs.info.is_empty() {
                         l.ep.info = obs.info;
                     }
-                    let before = std::mem::replace(&mut l.observation, obs.text);
-                    l.history.push(Step {
-                        observation: before,
-                        action,
-                    });
-                    l.admissible = obs.admissible;
+                    l.advance(action, obs.text, obs.admissible);
                     if obs.done {
                         l.ep.success = obs.success;
                         l.done = true;
@@ -602,32 +609,12 @@ pub fn expert_state_prompts(
     let env = make_env(opts.env_limit(l_exp, l_exp));
     let req = EpisodeRequest {
         task,
-        spec: ResolvedSpec::default(),
-    };
-    let mut l = Live {
-        req,
-        env,
-        history: Vec::new(),
-        observation: String::new(),
-        admissible: Vec::new(),
-        plan: task.expert[..plan_k.min(l_exp)].to_vec(),
-        ep: Episode {
-            task_id: task.id.clone(),
-            spec: ResolvedSpec::default(),
-            turns: Vec::new(),
-            success: false,
-            reward: 0.0,
-            invalid: 0,
-            policy_turns: 0,
-            error: None,
-            hints: 0,
-            stopped: false,
-            actions: Vec::new(),
-            expert_match: 0,
-            info: Default::default(),
+        spec: ResolvedSpec {
+            plan: plan_k,
+            ..ResolvedSpec::default()
         },
-        done: false,
     };
+    let mut l = Live::new(req, env);
     let mut out = Vec::with_capacity(l_exp);
     let obs = l
         .env
@@ -650,13 +637,8 @@ pub fn expert_state_prompts(
             .env
             .step(a)
             .map_err(|e| RolloutError::Env(e.to_string()))?;
-        let before = std::mem::replace(&mut l.observation, obs.text);
-        l.history.push(Step {
-            observation: before,
-            action: a.clone(),
-        });
-        l.admissible = obs.admissible;
         done = obs.done;
+        l.advance(a.clone(), obs.text, obs.admissible);
     }
     Ok(out)
 }

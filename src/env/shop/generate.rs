@@ -580,31 +580,11 @@ mod tests {
             }
         };
         let (train, test) = committed();
-        let mut rng = ChaCha8Rng::seed_from_u64(5);
         let mut env = ShopEnv::new(DEFAULT_MAX_STEPS);
         check(&env.status());
-        for t in train.iter().chain(&test) {
-            check(&t.goal);
-            t.expert.iter().for_each(|a| check(a));
-            // One expert rollout, then two random ones.
-            for rollout in 0..3 {
-                let mut obs = env.reset(t).unwrap();
-                check(&env.status());
-                let mut i = 0;
-                while !obs.done {
-                    check(&obs.text);
-                    obs.admissible.iter().for_each(|a| check(a));
-                    let action = match rollout {
-                        0 => t.expert[i].clone(),
-                        _ => obs.admissible.choose(&mut rng).unwrap().clone(),
-                    };
-                    i += 1;
-                    obs = env.step(&action).unwrap();
-                    check(&env.status());
-                }
-                check(&obs.text);
-            }
-        }
+        let tasks: Vec<Task> = train.into_iter().chain(test).collect();
+        // One expert rollout, then two random ones, per task.
+        crate::env::panel::visit_texts(&mut env, &tasks, 5, &mut check);
         // Every sub-page of every product too (random walks miss some).
         for p in &catalog().products {
             for part in p
