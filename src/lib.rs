@@ -16,9 +16,11 @@
 //! - [`rollout`]: prompts, action projection, the episode runner;
 //! - [`train`]: advantages, PPO/GRPO losses, AdamW, schedules, checkpoints;
 //! - [`experiment`]: experiment files, the run loop, metrics, evaluation;
-//! - [`bench`]: throughput measurement.
+//! - [`bench`]: throughput measurement;
+//! - [`bench_model`]: raw decode / train throughput of a model.
 
 pub mod bench;
+pub mod bench_model;
 pub mod env;
 pub mod experiment;
 pub mod guidance;

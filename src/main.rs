@@ -182,6 +182,32 @@ enum Cmd {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+    /// Measure decode and train tokens/s of a model (GGUF file or HF
+    /// folder) on random token sequences, per batch size.
+    BenchModel {
+        /// A .gguf file or a HF model folder.
+        model: PathBuf,
+        /// Comma-separated batch sizes.
+        #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
+        batches: Vec<usize>,
+        /// Prompt tokens before decoding.
+        #[arg(long, default_value_t = 64)]
+        prompt_len: usize,
+        /// New tokens per sequence (every sequence decodes exactly this many).
+        #[arg(long, default_value_t = 32)]
+        new_tokens: usize,
+        /// Tokens per sequence of the train step.
+        #[arg(long, default_value_t = 128)]
+        train_len: usize,
+        /// Timed runs per measurement, after one warm-up.
+        #[arg(long, default_value_t = 2)]
+        repeats: usize,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Measure rollout and train tokens/s of a model on the household env.
     Bench {
         #[arg(long, default_value = "models/tiny")]
@@ -422,6 +448,34 @@ fn dispatch(cli: Cli) -> Result<()> {
                 cfg.num_hidden_layers,
                 cfg.hidden_size
             );
+            Ok(())
+        }
+        Cmd::BenchModel {
+            model,
+            batches,
+            prompt_len,
+            new_tokens,
+            train_len,
+            repeats,
+            seed,
+            json,
+        } => {
+            use actguide::bench_model::{run, ModelBenchConfig};
+            let report = run(&ModelBenchConfig {
+                model,
+                batches,
+                prompt_len,
+                new_tokens,
+                train_len,
+                repeats,
+                seed,
+                ..Default::default()
+            })?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                println!("{report}");
+            }
             Ok(())
         }
         Cmd::Bench {
