@@ -178,8 +178,11 @@ def main():
                 train_loss=mean(losses),
             )
         )
-        if not a.json:
-            print(f"batch {b} done", file=sys.stderr, flush=True)
+        print(
+            f"batch {b}: generate {gens} s, prefill {prefill} s, train {train} s",
+            file=sys.stderr,
+            flush=True,
+        )
 
     report = dict(
         implementation=(

@@ -196,8 +196,10 @@ pub fn load_model(path: &Path) -> Result<Policy, ModelBenchError> {
     }
 }
 
-/// Random ids in `lo..vocab`, where `lo` skips the config's special ids
-/// when they sit at the start of the vocabulary (as in SmolLM2's).
+/// Range `lo..vocab - 1` of the random ids: `lo` skips the config's
+/// special ids when they sit at the start of the vocabulary (as in
+/// SmolLM2's), and the last id is left out because it is the benchmark's
+/// eos.
 fn token_range(policy: &Policy) -> (u32, u32) {
     let c = policy.config();
     let vocab = c.vocab_size as u32;
@@ -206,7 +208,6 @@ fn token_range(policy: &Policy) -> (u32, u32) {
         .flatten()
         .max()
         .map_or(0, |m| m + 1);
-    // Keep the last id out: it is the benchmark's eos.
     let lo = if top < vocab / 2 { top } else { 0 };
     (lo, vocab.saturating_sub(1).max(lo + 1))
 }

@@ -149,6 +149,23 @@ enum Cmd {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+    /// Export a checkpoint for other tools: a full HF folder (LoRA
+    /// adapters merged) that `transformers` loads, or the adapters alone
+    /// (PEFT layout).
+    Export {
+        /// A run directory or runs/<name>/checkpoints/step-NNNNNN.
+        path: PathBuf,
+        /// Output folder.
+        #[arg(long)]
+        out: PathBuf,
+        /// LoRA runs: write adapter_config.json + adapter_model.safetensors
+        /// instead of merged weights.
+        #[arg(long)]
+        adapter_only: bool,
+        /// Shard weights into files of at most this many MB.
+        #[arg(long)]
+        max_shard_mb: Option<usize>,
+    },
     /// Serve a built-in env over the subprocess protocol (stdin/stdout,
     /// envs/PROTOCOL.md) or AgentGym's HTTP API, for external use and the
     /// protocol tests.
@@ -399,6 +416,31 @@ fn dispatch(cli: Cli) -> Result<()> {
             for f in &r.files {
                 println!("wrote {}", f.display());
             }
+            Ok(())
+        }
+        Cmd::Export {
+            path,
+            out,
+            adapter_only,
+            max_shard_mb,
+        } => {
+            let s = actguide::experiment::export::export(
+                &path,
+                &out,
+                &actguide::experiment::export::ExportOptions {
+                    adapter_only,
+                    max_shard_bytes: max_shard_mb.map(|mb| mb << 20),
+                },
+            )?;
+            println!(
+                "exported {} (step {}) as {}{} to {}: {}",
+                s.checkpoint.display(),
+                s.step,
+                s.kind,
+                if s.merged_lora { ", LoRA merged" } else { "" },
+                s.out.display(),
+                s.files.join(", ")
+            );
             Ok(())
         }
         Cmd::ServeEnv {
@@ -671,6 +713,7 @@ fn event_printer(steps: usize, plain: bool) -> (Option<ProgressBar>, impl FnMut(
             start_step,
             steps,
             params,
+            trainable,
             train_tasks,
             test_tasks,
         } => {
@@ -681,8 +724,13 @@ fn event_printer(steps: usize, plain: bool) -> (Option<ProgressBar>, impl FnMut(
             say(
                 &bar,
                 format!(
-                    "run {} | steps {start_step}..{steps} | {params} parameters | {train_tasks} train / {test_tasks} test tasks",
-                    run_dir.display()
+                    "run {} | steps {start_step}..{steps} | {params} parameters{} | {train_tasks} train / {test_tasks} test tasks",
+                    run_dir.display(),
+                    if trainable == params {
+                        String::new()
+                    } else {
+                        format!(" ({trainable} trainable)")
+                    }
                 ),
             );
         }

@@ -14,10 +14,11 @@
 //! `scripts/reference_smollm2.py`): SmolLM2-135M-Instruct Q4_1 against an
 //! independent numpy reference, and a greedy chat completion.
 
+mod common;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use actguide::model::gguf_tokenizer::{TOKEN_TYPE_CONTROL, TOKEN_TYPE_NORMAL};
 use actguide::model::{
     gguf_config, Arch, Family, GenerateOptions, GgmlDType, GgufFile, GgufVocab, ModelConfig,
     ModelError, Policy, Tok,
@@ -25,6 +26,7 @@ use actguide::model::{
 use candle_core::quantized::gguf_file::{self, Value};
 use candle_core::quantized::QTensor;
 use candle_core::{Device, Tensor};
+use common::synthetic_vocab;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -297,54 +299,6 @@ fn q_and_k_rows_are_stored_like_llama_cpp() {
 }
 
 // --- tokenizer ----------------------------------------------------------------
-
-/// GPT-2's byte → printable-char map (the byte-level BPE alphabet).
-fn bytes_to_unicode() -> Vec<char> {
-    let printable = |b: u32| {
-        (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b)
-    };
-    let mut n = 0;
-    (0u32..256)
-        .map(|b| {
-            if printable(b) {
-                char::from_u32(b).unwrap()
-            } else {
-                n += 1;
-                char::from_u32(255 + n).unwrap()
-            }
-        })
-        .collect()
-}
-
-/// A small byte-level vocabulary: 3 control tokens, the 256 byte symbols,
-/// then a few merged tokens (incl. digit merges, which SmolLM's per-digit
-/// pre-tokenizer must never reach).
-fn synthetic_vocab(pre: Option<&str>) -> GgufVocab {
-    let mut tokens: Vec<String> = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-    tokens.extend(bytes_to_unicode().into_iter().map(String::from));
-    let merges = [
-        "h e", "l l", "ll o", "he llo", "Ġ hello", "1 2", "12 3", "4 5",
-    ];
-    for m in merges {
-        tokens.push(m.replace(' ', ""));
-    }
-    let mut token_types = vec![TOKEN_TYPE_NORMAL; tokens.len()];
-    token_types[..3].fill(TOKEN_TYPE_CONTROL);
-    GgufVocab {
-        model: "gpt2".into(),
-        pre: pre.map(String::from),
-        tokens,
-        token_types,
-        merges: merges.iter().map(|s| s.to_string()).collect(),
-        bos_token_id: Some(1),
-        eos_token_id: Some(2),
-        unknown_token_id: None,
-        padding_token_id: Some(0),
-    }
-}
 
 fn id(tok: &Tok, s: &str) -> u32 {
     tok.token_id(s)

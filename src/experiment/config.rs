@@ -43,12 +43,16 @@ fn d_runs_dir() -> String {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelSection {
-    /// Folder with `config.json`, `tokenizer.json` and optionally
-    /// `model.safetensors` (without weights the model is initialised from
-    /// the run seed).
+    /// An HF folder (`config.json`, `tokenizer.json`, optionally
+    /// `tokenizer_config.json`, `generation_config.json` and weights —
+    /// without weights the model is initialised from the run seed) or a
+    /// `.gguf` file (see [`crate::model::ModelSource`]).
     pub path: String,
     #[serde(default = "d_device")]
     pub device: String,
+    /// LoRA adapters on a frozen base; absent: every weight trains.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora: Option<crate::model::LoraConfig>,
 }
 
 fn d_device() -> String {
@@ -654,9 +658,23 @@ impl Experiment {
         if !timeout_ok {
             return Err(bad("env.timeout_s must be > 0".into()));
         }
-        if self.model.device != "cpu" {
+        if let Some(l) = &self.model.lora {
+            l.projections().map_err(|e| {
+                bad(format!(
+                    "model.{}",
+                    e.to_string().trim_start_matches("invalid model config: ")
+                ))
+            })?;
+        }
+        let dev = crate::model::device::DeviceSpec::parse(&self.model.device).map_err(|_| {
+            bad(format!(
+                "model.device must be \"cpu\", \"cuda\" or \"cuda:N\", got \"{}\"",
+                self.model.device
+            ))
+        })?;
+        if !dev.compiled() {
             return Err(bad(format!(
-                "model.device \"{}\" is not available in this build (cpu)",
+                "model.device \"{}\" is not available in this build (build with `--features cuda`)",
                 self.model.device
             )));
         }

@@ -11,7 +11,6 @@ use crate::env::{Env, Task};
 use crate::experiment::metrics::success_breakdown;
 use crate::guidance::{Clusters, ResolvedSpec};
 use crate::model::{Policy, Tok};
-use crate::rollout::chat::PromptFormat;
 use crate::rollout::{self, EpisodeRequest, RolloutError, RolloutOptions, RolloutStats};
 
 /// What to evaluate on.
@@ -159,6 +158,8 @@ pub struct RunModels {
     /// The checkpoint's step.
     pub step: usize,
     pub tok: Tok,
+    /// The run's `model.path`, opened (tokenizer side files, chat template).
+    pub src: crate::model::ModelSource,
     pub trained: Policy,
     pub initial: Policy,
     /// Difficulty clusters of the run's train panel.
@@ -173,8 +174,6 @@ pub fn load_run(path: &std::path::Path) -> Result<RunModels, crate::experiment::
     use crate::env::panel;
     use crate::experiment::config::Experiment;
     use crate::experiment::RunError;
-    use crate::model::{ModelConfig, Policy};
-    use crate::seed;
     use crate::train::checkpoint;
     use candle_core::Device;
     use std::path::Path;
@@ -206,43 +205,15 @@ pub fn load_run(path: &std::path::Path) -> Result<RunModels, crate::experiment::
     let train = panel::read_jsonl(Path::new(&exp.env.train))?;
     let lens: Vec<usize> = train.iter().map(|t| t.expert.len()).collect();
     let clusters = Clusters::from_lengths(&lens, exp.guidance.clusters);
-    let (cfg, arch) = ModelConfig::from_file_with_arch(&loaded.dir.join("config.json"))?;
-    let tok = Tok::from_file(&loaded.dir.join("tokenizer.json"))?;
-    let trained = Policy::from_tensors_with_arch(
-        &cfg,
-        &arch,
-        loaded.weights.clone(),
-        &loaded.dir.join("model.safetensors").display().to_string(),
-    )?;
-    // The run's initial policy, as the run built it.
-    let mdir = Path::new(&exp.model.path);
-    let initial = if mdir.join(crate::model::hf::WEIGHTS_FILE).exists()
-        || mdir.join(crate::model::hf::INDEX_FILE).exists()
-    {
-        Policy::from_hf_dir(mdir, &device)?
-    } else {
-        Policy::new_random_with_arch(
-            &cfg,
-            &arch,
-            &mut seed::rng(exp.seed, &[seed::label("init")]),
-            &device,
-        )?
-    };
-    let ropts = RolloutOptions {
-        temperature: exp.rollout.temperature,
-        top_p: exp.rollout.top_p,
-        greedy: false,
-        constrained: exp.rollout.constrained,
-        history: exp.rollout.history,
-        invalid_penalty: exp.rollout.invalid_penalty,
-        max_action_tokens: exp.rollout.max_action_tokens,
-        show_actions: exp.rollout.show_actions,
-        record_prefix: false,
-        max_steps: exp.env.max_steps,
-        step_slack: exp.env.step_slack,
-        format: PromptFormat::parse(&exp.rollout.format).unwrap_or_default(),
-    };
+    // The model as the run built it: its source, the checkpoint's weights
+    // (or adapters on the source's base), and its prompt format.
+    let src = super::model::open(&exp)?;
+    let tok = src.tok.clone();
+    let trained = super::model::trained(&exp, &src, Some(&loaded), &device)?;
+    let initial = super::model::initial(&exp, &src, &device)?;
+    let ropts = super::model::rollout_options(&exp, &src, false)?;
     Ok(RunModels {
+        src,
         ckpt_dir: loaded.dir.clone(),
         step: loaded.state.step,
         exp,

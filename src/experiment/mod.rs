@@ -4,7 +4,9 @@
 pub mod compare;
 pub mod config;
 pub mod eval;
+pub mod export;
 pub mod metrics;
+pub mod model;
 pub mod probe;
 pub mod run;
 

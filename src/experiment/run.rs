@@ -9,7 +9,6 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use candle_core::Device;
 use serde_json::{json, Value};
 
 use crate::env::{fill_experts, make_env, panel, Env, Task};
@@ -19,8 +18,7 @@ use crate::experiment::metrics::{mean, round, std, success_breakdown};
 use crate::guidance::host::{EpisodeView, ReloadOutcome, Role, TurnView};
 use crate::guidance::rounds::{drive, DriveReport, Outcome, Request};
 use crate::guidance::{Clusters, GuidanceHost, PlanLoss, ResolvedSpec, TaskResult, TaskView};
-use crate::model::{ModelConfig, ModelError, Policy, Tok};
-use crate::rollout::chat::PromptFormat;
+use crate::model::{ModelError, ModelSource, Policy, Tok};
 use crate::rollout::{self, EpisodeRequest, RolloutError, RolloutOptions, RolloutStats};
 use crate::script::watch::FileWatcher;
 use crate::script::ScriptError;
@@ -48,6 +46,8 @@ pub enum Event {
         start_step: usize,
         steps: usize,
         params: usize,
+        /// Parameters the optimiser updates (the adapters under LoRA).
+        trainable: usize,
         train_tasks: usize,
         test_tasks: usize,
     },
@@ -121,7 +121,8 @@ struct Ctx {
     test: Vec<Task>,
     clusters: Clusters,
     tok: Tok,
-    tokenizer_json: String,
+    /// The opened `model.path` (tokenizer side files for checkpoints).
+    src: ModelSource,
     config_json: String,
     policy: Policy,
     trainer: Trainer,
@@ -156,6 +157,7 @@ pub fn run(
         start_step,
         steps,
         params: ctx.policy.num_params(),
+        trainable: ctx.policy.num_trainable_params(),
         train_tasks: ctx.train.len(),
         test_tasks: ctx.test.len(),
     });
@@ -217,7 +219,7 @@ pub fn run(
 }
 
 fn setup(exp: Experiment, opts: &RunOptions) -> Result<(Ctx, usize), RunError> {
-    let device = Device::Cpu;
+    let device = super::model::device(&exp)?;
     let run_dir = match &opts.resume {
         Some(d) => d.clone(),
         None => fresh_run_dir(&exp.run_dir()),
@@ -236,42 +238,15 @@ fn setup(exp: Experiment, opts: &RunOptions) -> Result<(Ctx, usize), RunError> {
     let lens: Vec<usize> = train.iter().map(|t| t.expert.len()).collect();
     let clusters = Clusters::from_lengths(&lens, exp.guidance.clusters);
 
-    let mdir = Path::new(&exp.model.path);
-    let cfg_path = mdir.join("config.json");
-    let (cfg, arch) = ModelConfig::from_file_with_arch(&cfg_path)?;
-    let tok_path = mdir.join("tokenizer.json");
-    let tok = Tok::from_file(&tok_path)?;
-    let tokenizer_json = std::fs::read_to_string(&tok_path).map_err(|e| io_err(&tok_path, e))?;
-    let config_json = std::fs::read_to_string(&cfg_path).map_err(|e| io_err(&cfg_path, e))?;
-    // The initial policy: weights from the model folder, else from the
-    // seed. It is also the frozen KL reference, after a resume too.
-    let has_weights = {
-        use crate::model::hf::{INDEX_FILE, WEIGHTS_FILE};
-        mdir.join(WEIGHTS_FILE).exists() || mdir.join(INDEX_FILE).exists()
-    };
-    let load_initial = || -> Result<Policy, ModelError> {
-        if has_weights {
-            Policy::from_hf_dir(mdir, &device)
-        } else {
-            Policy::new_random_with_arch(
-                &cfg,
-                &arch,
-                &mut seed::rng(exp.seed, &[seed::label("init")]),
-                &device,
-            )
-        }
-    };
-    let policy = match &resumed {
-        Some(l) => Policy::from_tensors_with_arch(
-            &cfg,
-            &arch,
-            l.weights.clone(),
-            &l.dir.join("model.safetensors").display().to_string(),
-        )?,
-        None => load_initial()?,
-    };
+    let src = super::model::open(&exp)?;
+    let tok = src.tok.clone();
+    let config_json = src.config_json()?;
+    // The initial policy (from the model source, else the seed) is also
+    // the frozen KL reference, after a resume too; with LoRA the adapters
+    // start at zero, so it is exactly the adapted model's start.
+    let policy = super::model::trained(&exp, &src, resumed.as_ref(), &device)?;
     let reference = if exp.trainer.kl_coef > 0.0 {
-        Some(load_initial()?)
+        Some(super::model::initial(&exp, &src, &device)?)
     } else {
         None
     };
@@ -342,20 +317,11 @@ fn setup(exp: Experiment, opts: &RunOptions) -> Result<(Ctx, usize), RunError> {
     }
     let regions = read_regions(&run_dir.join("eval.jsonl"))?;
     let tb = Some(EventWriter::create(&run_dir.join("tb")).map_err(|e| io_err(&run_dir, e))?);
-    let ropts = RolloutOptions {
-        temperature: exp.rollout.temperature,
-        top_p: exp.rollout.top_p,
-        greedy: false,
-        constrained: exp.rollout.constrained,
-        history: exp.rollout.history,
-        invalid_penalty: exp.rollout.invalid_penalty,
-        max_action_tokens: exp.rollout.max_action_tokens,
-        show_actions: exp.rollout.show_actions,
-        record_prefix: exp.trainer.aux_nll_coef > 0.0 || exp.trainer.train_prefix,
-        max_steps: exp.env.max_steps,
-        step_slack: exp.env.step_slack,
-        format: PromptFormat::parse(&exp.rollout.format).unwrap_or_default(),
-    };
+    let ropts = super::model::rollout_options(
+        &exp,
+        &src,
+        exp.trainer.aux_nll_coef > 0.0 || exp.trainer.train_prefix,
+    )?;
     let watcher = FileWatcher::new(&host.watched_files()).ok();
     Ok((
         Ctx {
@@ -366,7 +332,7 @@ fn setup(exp: Experiment, opts: &RunOptions) -> Result<(Ctx, usize), RunError> {
             test,
             clusters,
             tok,
-            tokenizer_json,
+            src,
             config_json,
             policy,
             trainer,
@@ -1087,6 +1053,8 @@ fn read_regions(path: &Path) -> Result<BTreeMap<String, BTreeSet<String>>, RunEr
 }
 
 fn save_checkpoint(ctx: &Ctx, step: usize) -> Result<PathBuf, RunError> {
+    // Under LoRA the Vars are the adapters alone: that is what a
+    // checkpoint keeps (the base is `model.path`).
     let weights = ctx
         .policy
         .named_vars()
@@ -1111,7 +1079,9 @@ fn save_checkpoint(ctx: &Ctx, step: usize) -> Result<PathBuf, RunError> {
             weights,
             optimizer: ctx.trainer.opt.state_tensors(),
             config_json: &ctx.config_json,
-            tokenizer_json: &ctx.tokenizer_json,
+            adapter: ctx.policy.lora(),
+            base_model: &ctx.exp.model.path,
+            model: &ctx.src,
         },
     )?)
 }

@@ -208,10 +208,19 @@ impl ModelConfig {
     /// `rope_scaling`, `hidden_act`) in HF form, so `transformers` builds
     /// the same model from it.
     pub fn save_with_arch(&self, arch: &Arch, path: &Path) -> Result<()> {
-        let cfg_err = |msg: String| ModelError::Config {
+        let text = self.to_hf_json(arch).map_err(|msg| ModelError::Config {
             path: path.to_path_buf(),
             msg,
-        };
+        })?;
+        std::fs::write(path, text).map_err(|source| ModelError::Io {
+            path: path.to_path_buf(),
+            source,
+        })
+    }
+
+    /// The text [`ModelConfig::save_with_arch`] writes.
+    pub fn to_hf_json(&self, arch: &Arch) -> std::result::Result<String, String> {
+        let cfg_err = |msg: String| msg;
         let mut v = serde_json::to_value(self).map_err(|e| cfg_err(e.to_string()))?;
         let obj = v
             .as_object_mut()
@@ -229,10 +238,7 @@ impl ModelConfig {
         );
         obj.insert("torch_dtype".into(), "float32".into());
         let text = serde_json::to_string_pretty(&v).map_err(|e| cfg_err(e.to_string()))?;
-        std::fs::write(path, text + "\n").map_err(|source| ModelError::Io {
-            path: path.to_path_buf(),
-            source,
-        })
+        Ok(text + "\n")
     }
 
     /// Writes the config as pretty JSON (HF field names).

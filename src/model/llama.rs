@@ -959,8 +959,16 @@ impl Policy {
                 None => Ok(y),
             }
         };
-        let q = head_norm(self.proj(lw, Proj::Q, &h, &lw.q, lw.bq.as_ref())?, &lw.q_norm, nh)?;
-        let k = head_norm(self.proj(lw, Proj::K, &h, &lw.k, lw.bk.as_ref())?, &lw.k_norm, nkv)?;
+        let q = head_norm(
+            self.proj(lw, Proj::Q, &h, &lw.q, lw.bq.as_ref())?,
+            &lw.q_norm,
+            nh,
+        )?;
+        let k = head_norm(
+            self.proj(lw, Proj::K, &h, &lw.k, lw.bk.as_ref())?,
+            &lw.k_norm,
+            nkv,
+        )?;
         // (b, heads, t, hd), rotated.
         let q = ops::rope_heads_first(&q.reshape((b, t, nh, hd))?, rope)?;
         let k = ops::rope_heads_first(&k.reshape((b, t, nkv, hd))?, rope)?;
@@ -1010,7 +1018,10 @@ impl Policy {
             None => Tensor::cat(&[&lw.gate, &lw.up], 0)?,
         };
         let mut gu = linear(&h, &gu_w)?;
-        let (dg, du) = (self.lora_delta(lw, Proj::Gate, &h)?, self.lora_delta(lw, Proj::Up, &h)?);
+        let (dg, du) = (
+            self.lora_delta(lw, Proj::Gate, &h)?,
+            self.lora_delta(lw, Proj::Up, &h)?,
+        );
         if dg.is_some() || du.is_some() {
             let i = self.cfg.intermediate_size;
             let zeros = || Tensor::zeros((h.dim(0)?, i), DType::F32, &self.device);

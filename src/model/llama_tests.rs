@@ -1176,7 +1176,10 @@ fn adapters_save_load_and_refuse_bad_files() {
     let name = Proj::Down.tensor_name(1, false);
     let kept = tensors.remove(&name).unwrap();
     let e = err(tensors.clone());
-    assert!(e.contains("ad.safetensors") && e.contains(&name) && e.contains("missing"), "{e}");
+    assert!(
+        e.contains("ad.safetensors") && e.contains(&name) && e.contains("missing"),
+        "{e}"
+    );
     tensors.insert(name.clone(), kept.t().unwrap());
     let e = err(tensors.clone());
     assert!(e.contains(&name) && e.contains("shape"), "{e}");
@@ -1186,7 +1189,10 @@ fn adapters_save_load_and_refuse_bad_files() {
         Tensor::zeros((4, 32), DType::F32, &Device::Cpu).unwrap(),
     );
     let e = err(tensors);
-    assert!(e.contains("unexpected") && e.contains("k_proj.lora_A"), "{e}");
+    assert!(
+        e.contains("unexpected") && e.contains("k_proj.lora_A"),
+        "{e}"
+    );
     std::fs::remove_file(&wpath).unwrap();
     let e = policy(false, 31)
         .load_adapter(dir.path())
@@ -1224,7 +1230,14 @@ fn lora_training_moves_the_target_log_prob() {
         .with_lora(&lora_cfg(ALL, 0.0), &mut ChaCha8Rng::seed_from_u64(2))
         .unwrap();
     let batch = lora_batch();
-    let before: f32 = p.score(&batch).unwrap().logp.sum_all().unwrap().to_scalar().unwrap();
+    let before: f32 = p
+        .score(&batch)
+        .unwrap()
+        .logp
+        .sum_all()
+        .unwrap()
+        .to_scalar()
+        .unwrap();
     let mut opt = AdamW::new(
         p.named_vars(),
         AdamWParams {
@@ -1241,7 +1254,14 @@ fn lora_training_moves_the_target_log_prob() {
         .map(|(n, t)| (n, t.copy().unwrap()))
         .collect();
     for _ in 0..5 {
-        let loss = p.score(&batch).unwrap().logp.sum_all().unwrap().neg().unwrap();
+        let loss = p
+            .score(&batch)
+            .unwrap()
+            .logp
+            .sum_all()
+            .unwrap()
+            .neg()
+            .unwrap();
         let g = loss.backward().unwrap();
         let grads: Vec<Option<Tensor>> = opt
             .vars()
@@ -1250,10 +1270,24 @@ fn lora_training_moves_the_target_log_prob() {
             .collect();
         opt.step(&grads, 1e-2).unwrap();
     }
-    let after: f32 = p.score(&batch).unwrap().logp.sum_all().unwrap().to_scalar().unwrap();
+    let after: f32 = p
+        .score(&batch)
+        .unwrap()
+        .logp
+        .sum_all()
+        .unwrap()
+        .to_scalar()
+        .unwrap();
     assert!(after > before + 0.5, "logp {before} -> {after}");
     for ((n, a), (_, b)) in base_before.iter().zip(p.named_tensors()) {
-        let d: f32 = (a - &b).unwrap().abs().unwrap().sum_all().unwrap().to_scalar().unwrap();
+        let d: f32 = (a - &b)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .to_scalar()
+            .unwrap();
         assert_eq!(d, 0.0, "base {n} moved");
     }
 }

@@ -135,7 +135,9 @@ impl LoraConfig {
     /// [`Proj::ALL`] order.
     pub fn projections(&self) -> Result<Vec<Proj>> {
         if self.rank == 0 {
-            return Err(ModelError::InvalidConfig("lora.rank must be at least 1".into()));
+            return Err(ModelError::InvalidConfig(
+                "lora.rank must be at least 1".into(),
+            ));
         }
         if !(self.alpha.is_finite() && self.alpha > 0.0) {
             return Err(ModelError::InvalidConfig(format!(
@@ -221,7 +223,10 @@ impl LoraConfig {
         for (key, ok) in [
             ("use_rslora", v["use_rslora"].as_bool() != Some(true)),
             ("use_dora", v["use_dora"].as_bool() != Some(true)),
-            ("fan_in_fan_out", v["fan_in_fan_out"].as_bool() != Some(true)),
+            (
+                "fan_in_fan_out",
+                v["fan_in_fan_out"].as_bool() != Some(true),
+            ),
             (
                 "bias",
                 v["bias"].is_null() || v["bias"].as_str() == Some("none"),

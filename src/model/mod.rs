@@ -28,6 +28,7 @@
 //!   vocabularies for tiny models, `tokenizer.json` for real ones).
 
 pub mod config;
+pub mod device;
 pub mod error;
 pub mod gguf;
 pub mod gguf_tokenizer;
@@ -35,6 +36,7 @@ pub mod hf;
 pub mod llama;
 pub mod lora;
 mod ops;
+pub mod source;
 pub mod tokenizer;
 pub mod trie;
 
@@ -44,5 +46,6 @@ pub use gguf::{gguf_config, GgmlDType, GgufFile};
 pub use gguf_tokenizer::GgufVocab;
 pub use llama::{GenerateOptions, Generated, Policy, ScoreBatch, ScoreOutput};
 pub use lora::{LoraConfig, Proj};
+pub use source::ModelSource;
 pub use tokenizer::Tok;
 pub use trie::TokenTrie;

@@ -113,6 +113,18 @@ impl ChatTemplate {
         ))
     }
 
+    /// The template a model's Jinja `chat_template` implements, told by
+    /// the role markers it emits (`None`: neither ChatML nor Llama 3).
+    pub fn from_jinja(template: &str) -> Option<Self> {
+        if template.contains("<|im_start|>") && template.contains("<|im_end|>") {
+            Some(ChatTemplate::ChatMl)
+        } else if template.contains("<|start_header_id|>") && template.contains("<|eot_id|>") {
+            Some(ChatTemplate::Llama3)
+        } else {
+            None
+        }
+    }
+
     /// The template's special tokens.
     pub fn special_tokens(self) -> &'static [&'static str] {
         match self {
@@ -390,6 +402,12 @@ mod tests {
     fn format_values_parse() {
         assert_eq!(PromptFormat::parse("plain"), Some(PromptFormat::Plain));
         assert_eq!(PromptFormat::parse("chat"), Some(PromptFormat::Chat(None)));
+        // SmolLM2's and Llama 3.1's templates (abridged), and a foreign one.
+        let smol = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}";
+        let llama = "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | trim + '<|eot_id|>' }}";
+        assert_eq!(ChatTemplate::from_jinja(smol), Some(ChatTemplate::ChatMl));
+        assert_eq!(ChatTemplate::from_jinja(llama), Some(ChatTemplate::Llama3));
+        assert_eq!(ChatTemplate::from_jinja("[INST] {{ m }} [/INST]"), None);
         assert_eq!(
             PromptFormat::parse("llama3"),
             Some(PromptFormat::Chat(Some(ChatTemplate::Llama3)))

@@ -10,6 +10,9 @@ use candle_core::{Device, Tensor};
 use serde::{Deserialize, Serialize};
 
 use crate::guidance::host::HostSnapshot;
+use crate::model::hf::WEIGHTS_FILE;
+use crate::model::lora::{LoraConfig, ADAPTER_CONFIG, ADAPTER_WEIGHTS};
+use crate::model::ModelSource;
 
 /// The non-tensor part of a checkpoint.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -60,10 +63,18 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
 
 /// What a checkpoint holds besides the run state.
 pub struct CheckpointFiles<'a> {
+    /// The trained tensors: every weight (HF names, written to
+    /// `model.safetensors`), or with `adapter` the LoRA adapters alone
+    /// (PEFT names, `adapter_model.safetensors` + `adapter_config.json`).
     pub weights: HashMap<String, Tensor>,
+    pub adapter: Option<&'a LoraConfig>,
+    /// Written into `adapter_config.json` as `base_model_name_or_path`.
+    pub base_model: &'a str,
     pub optimizer: HashMap<String, Tensor>,
     pub config_json: &'a str,
-    pub tokenizer_json: &'a str,
+    /// The model's tokenizer files (`tokenizer.json` and, when known,
+    /// `tokenizer_config.json` / `generation_config.json`).
+    pub model: &'a ModelSource,
 }
 
 /// Write `<dir>/checkpoints/step-NNNNNN/` atomically and point
@@ -82,12 +93,24 @@ pub fn save(
         std::fs::remove_dir_all(&tmp).map_err(|e| io(&tmp, e))?;
     }
     std::fs::create_dir_all(&tmp).map_err(|e| io(&tmp, e))?;
-    candle_core::safetensors::save(&files.weights, tmp.join("model.safetensors"))
+    let weights_file = match files.adapter {
+        None => WEIGHTS_FILE,
+        Some(l) => {
+            let text = serde_json::to_string_pretty(&l.to_peft_json(files.base_model))
+                .map_err(|e| io(&tmp, e))?;
+            std::fs::write(tmp.join(ADAPTER_CONFIG), text + "\n").map_err(|e| io(&tmp, e))?;
+            ADAPTER_WEIGHTS
+        }
+    };
+    candle_core::safetensors::save(&files.weights, tmp.join(weights_file))
         .map_err(|e| io(&tmp, e))?;
     candle_core::safetensors::save(&files.optimizer, tmp.join("optimizer.safetensors"))
         .map_err(|e| io(&tmp, e))?;
     std::fs::write(tmp.join("config.json"), files.config_json).map_err(|e| io(&tmp, e))?;
-    std::fs::write(tmp.join("tokenizer.json"), files.tokenizer_json).map_err(|e| io(&tmp, e))?;
+    files
+        .model
+        .write_side_files(&tmp)
+        .map_err(|e| io(&tmp, e))?;
     let st = serde_json::to_string_pretty(state).map_err(|e| io(&tmp, e))?;
     std::fs::write(tmp.join("state.json"), st).map_err(|e| io(&tmp, e))?;
     if final_dir.exists() {
@@ -102,8 +125,21 @@ pub fn save(
 pub struct Loaded {
     pub dir: PathBuf,
     pub state: RunState,
+    /// Every weight, or the LoRA adapters when `adapter` is set.
     pub weights: HashMap<String, Tensor>,
+    /// The adapters' settings, for a LoRA run's checkpoint.
+    pub adapter: Option<LoraConfig>,
     pub optimizer: HashMap<String, Tensor>,
+}
+
+impl Loaded {
+    /// The file `weights` came from.
+    pub fn weights_path(&self) -> PathBuf {
+        self.dir.join(match self.adapter {
+            Some(_) => ADAPTER_WEIGHTS,
+            None => WEIGHTS_FILE,
+        })
+    }
 }
 
 /// Load the checkpoint `latest` points at.
@@ -121,7 +157,17 @@ pub fn load_dir(dir: &Path, device: &Device) -> Result<Loaded, CheckpointError> 
     let st_path = dir.join("state.json");
     let st = std::fs::read_to_string(&st_path).map_err(|e| io(&st_path, e))?;
     let state: RunState = serde_json::from_str(&st).map_err(|e| io(&st_path, e))?;
-    let wp = dir.join("model.safetensors");
+    let adapter = if dir.join(ADAPTER_CONFIG).is_file() {
+        let (l, _) =
+            LoraConfig::from_peft_file(&dir.join(ADAPTER_CONFIG)).map_err(|e| io(&dir, e))?;
+        Some(l)
+    } else {
+        None
+    };
+    let wp = dir.join(match adapter {
+        Some(_) => ADAPTER_WEIGHTS,
+        None => WEIGHTS_FILE,
+    });
     let weights = candle_core::safetensors::load(&wp, device).map_err(|e| io(&wp, e))?;
     let op = dir.join("optimizer.safetensors");
     let optimizer = candle_core::safetensors::load(&op, device).map_err(|e| io(&op, e))?;
@@ -129,6 +175,7 @@ pub fn load_dir(dir: &Path, device: &Device) -> Result<Loaded, CheckpointError> 
         dir,
         state,
         weights,
+        adapter,
         optimizer,
     })
 }

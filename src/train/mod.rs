@@ -14,6 +14,7 @@ use std::time::Instant;
 
 use candle_core::{DType, Tensor};
 use rand::seq::SliceRandom;
+use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
 use crate::experiment::config::TrainerSection;
@@ -244,6 +245,12 @@ impl Trainer {
     ) -> Result<TrainStats, TrainError> {
         let t0 = Instant::now();
         let lr = self.lr(step);
+        // LoRA dropout masks come from this step's stream (drawn only when
+        // dropout is on, so other runs keep their streams).
+        let dropout = policy.lora().is_some_and(|l| l.dropout > 0.0);
+        if dropout {
+            policy.set_dropout_seed(Some(rng.random()));
+        }
         let mut stats = TrainStats {
             lr,
             ..Default::default()
@@ -289,6 +296,9 @@ impl Trainer {
         stats.aux_tokens = sums.aux_tokens / self.cfg.ppo_epochs;
         stats.train_tokens = sums.train_tokens;
         stats.seconds = t0.elapsed().as_secs_f64();
+        if dropout {
+            policy.set_dropout_seed(None);
+        }
         Ok(stats)
     }
 
