@@ -62,6 +62,8 @@ pub struct ModelBenchConfig {
     /// AdamW learning rate of the train step (small: the weights barely
     /// move, so later decode runs see essentially the same model).
     pub lr: f64,
+    /// Train LoRA adapters on the frozen base instead of every weight.
+    pub lora: Option<crate::model::LoraConfig>,
 }
 
 impl Default for ModelBenchConfig {
@@ -72,6 +74,7 @@ impl Default for ModelBenchConfig {
             prompt_len: 64,
             new_tokens: 32,
             train_len: 128,
+            lora: None,
             repeats: 2,
             seed: 0,
             lr: 1e-6,
@@ -182,7 +185,8 @@ fn mean(xs: &[f64]) -> f64 {
     }
 }
 
-/// Loads a `.gguf` file or a HF model folder as a trainable f32 policy.
+/// Loads a `.gguf` file or a HF model folder (`config.json` + weights; no
+/// tokenizer needed) as a trainable f32 policy.
 pub fn load_model(path: &Path) -> Result<Policy, ModelBenchError> {
     if path.is_dir() {
         Ok(Policy::from_hf_dir(path, &Device::Cpu)?)
@@ -252,7 +256,10 @@ fn train_step(
 /// Run the benchmark.
 pub fn run(cfg: &ModelBenchConfig) -> Result<ModelBenchReport, ModelBenchError> {
     let t0 = Instant::now();
-    let policy = load_model(&cfg.model)?;
+    let mut policy = load_model(&cfg.model)?;
+    if let Some(l) = &cfg.lora {
+        policy = policy.with_lora(l, &mut seed::rng(cfg.seed, &[seed::label("lora")]))?;
+    }
     let load_s = t0.elapsed().as_secs_f64();
     run_with(&policy, &cfg.model.display().to_string(), load_s, cfg)
 }

@@ -223,6 +223,10 @@ enum Cmd {
         seed: u64,
         /// Print JSON.
         #[arg(long)]
+        /// Train LoRA adapters of this rank (alpha = 2 rank, every
+        /// projection) instead of every weight.
+        #[arg(long)]
+        lora_rank: Option<usize>,
         json: bool,
     },
     /// Measure rollout and train tokens/s of a model on the household env.
@@ -500,6 +504,7 @@ fn dispatch(cli: Cli) -> Result<()> {
             train_len,
             repeats,
             seed,
+            lora_rank,
             json,
         } => {
             use actguide::bench_model::{run, ModelBenchConfig};
@@ -511,6 +516,11 @@ fn dispatch(cli: Cli) -> Result<()> {
                 train_len,
                 repeats,
                 seed,
+                lora: lora_rank.map(|rank| actguide::model::LoraConfig {
+                    rank,
+                    alpha: 2.0 * rank as f64,
+                    ..Default::default()
+                }),
                 ..Default::default()
             })?;
             if json {

@@ -1017,7 +1017,7 @@ impl Policy {
             Some(gu) => gu.clone(),
             None => Tensor::cat(&[&lw.gate, &lw.up], 0)?,
         };
-        let mut gu = linear(&h, &gu_w)?;
+        let mut gu = self.base_linear(&h, &gu_w)?;
         let (dg, du) = (
             self.lora_delta(lw, Proj::Gate, &h)?,
             self.lora_delta(lw, Proj::Up, &h)?,
@@ -1042,11 +1042,27 @@ impl Policy {
         w: &Tensor,
         bias: Option<&Tensor>,
     ) -> Result<Tensor> {
-        let y = linear_b(x, w, bias)?;
+        let y = self.base_linear(x, w)?;
+        let y = match bias {
+            Some(b) => y.broadcast_add(b)?,
+            None => y,
+        };
         Ok(match self.lora_delta(lw, p, x)? {
             Some(d) => (y + d)?,
             None => y,
         })
+    }
+
+    /// `x Wᵀ` for a base weight: under LoRA the base is frozen, and the
+    /// product skips the weight gradient candle's matmul would compute.
+    fn base_linear(&self, x: &Tensor, w: &Tensor) -> Result<Tensor> {
+        // Only when a gradient flows through `x` (scoring the trained
+        // policy); generation and the frozen reference build no graph.
+        if self.lora.is_some() && x.track_op() {
+            ops::frozen_linear(x, w)
+        } else {
+            linear(x, w)
+        }
     }
 
     /// `(alpha / r) · dropout(x) Aᵀ Bᵀ` for projection `p`, or `None` when
@@ -1086,7 +1102,7 @@ impl Policy {
     /// Logits `(rows, vocab)` from pre-norm hidden rows `(rows, hidden)`.
     fn head(&self, w: &Weights, hidden: &Tensor) -> Result<Tensor> {
         let h = ops::rms_norm(hidden, &w.norm, self.cfg.rms_norm_eps)?;
-        linear(&h, w.head())
+        self.base_linear(&h, w.head())
     }
 
     // ------------------------------------------------------------------
@@ -1593,15 +1609,6 @@ impl Sampler {
 /// `x (rows, in) @ w.T` for an HF `(out, in)` weight.
 fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     Ok(x.matmul(&w.t()?)?)
-}
-
-/// [`linear`] plus an optional `(out,)` bias (differentiable in all three).
-fn linear_b(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
-    let y = linear(x, w)?;
-    Ok(match b {
-        Some(b) => y.broadcast_add(b)?,
-        None => y,
-    })
 }
 
 #[cfg(test)]

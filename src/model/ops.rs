@@ -100,6 +100,52 @@ pub(crate) fn causal_softmax(x: &Tensor, scale: f64, q_len: usize) -> Result<Ten
         .reshape(shape)?)
 }
 
+/// `x (rows, in) @ wᵀ` for a frozen HF `(out, in)` weight, differentiable
+/// in `x` only. candle's matmul backward always computes the gradient of
+/// both operands, so a LoRA base weight would cost a full `(out, in)`
+/// product per projection per backward that is then thrown away; this op
+/// computes just `dx = dy @ w`.
+pub(crate) fn frozen_linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    let w = w.detach();
+    if fused(x.device()) && x.rank() == 2 {
+        return Ok(x.contiguous()?.apply_op1(FrozenLinear { w })?);
+    }
+    Ok(x.matmul(&w.t()?)?)
+}
+
+struct FrozenLinear {
+    w: Tensor,
+}
+
+impl CustomOp1 for FrozenLinear {
+    fn name(&self) -> &'static str {
+        "actguide-frozen-linear"
+    }
+
+    fn cpu_fwd(
+        &self,
+        storage: &CpuStorage,
+        layout: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let x = f32_slice(storage, layout, self.name())?;
+        // A plain (untracked) tensor over a copy of the input, so the
+        // product runs on candle's threaded gemm.
+        let x = Tensor::from_slice(x, layout.shape(), &Device::Cpu)?;
+        let y = x.matmul(&self.w.t()?)?;
+        let shape = y.shape().clone();
+        Ok((CpuStorage::F32(y.flatten_all()?.to_vec1()?), shape))
+    }
+
+    fn bwd(
+        &self,
+        _arg: &Tensor,
+        _res: &Tensor,
+        grad_res: &Tensor,
+    ) -> candle_core::Result<Option<Tensor>> {
+        Ok(Some(grad_res.matmul(&self.w)?))
+    }
+}
+
 struct CausalSoftmax {
     scale: f32,
     q_len: usize,
@@ -763,6 +809,24 @@ mod tests {
         let n: usize = shape.iter().product();
         let v: Vec<f32> = (0..n).map(|_| rng.random_range(-2.0..2.0)).collect();
         Var::from_tensor(&Tensor::from_vec(v, shape, &Device::Cpu).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn frozen_linear_matches_matmul_without_a_weight_gradient() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
+        let x = randn(&mut rng, &[7, 5]);
+        let w = randn(&mut rng, &[4, 5]);
+        let up = randn(&mut rng, &[4, 3]);
+        // Something downstream, so the incoming gradient is not all ones.
+        let y1 = frozen_linear(x.as_tensor(), w.as_tensor()).unwrap().matmul(up.as_tensor()).unwrap();
+        let y2 = x.as_tensor().matmul(&w.as_tensor().t().unwrap()).unwrap().matmul(up.as_tensor()).unwrap();
+        assert!(max_diff(&y1, &y2) < 1e-5);
+        let g1 = y1.sqr().unwrap().sum_all().unwrap().backward().unwrap();
+        let g2 = y2.sqr().unwrap().sum_all().unwrap().backward().unwrap();
+        let (a, b) = (g1.get(x.as_tensor()).unwrap(), g2.get(x.as_tensor()).unwrap());
+        assert!(max_diff(a, b) < 1e-4, "dx differs by {}", max_diff(a, b));
+        assert!(g1.get(w.as_tensor()).is_none(), "the frozen weight got a gradient");
+        assert!(g2.get(w.as_tensor()).is_some());
     }
 
     fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
