@@ -1,5 +1,6 @@
-//! Experiments: config files, the run loop, the run directory, metrics and
-//! evaluation.
+//! Experiments: config files, the run loop, the run directory, the model
+//! side (`model`: sources, LoRA, prompt format), metrics, evaluation and
+//! export.
 
 pub mod compare;
 pub mod config;

@@ -4,6 +4,7 @@
 //! - [`config`]: [`ModelConfig`] (dimensions) and [`Arch`] (family:
 //!   Llama / Qwen2 / Qwen3, attention biases, `rope_scaling`), HF
 //!   `config.json` compatible.
+//! - [`device`]: devices by name (`cpu`, `cuda`, `cuda:N`).
 //! - [`error`]: [`ModelError`], the error type of everything here.
 //! - [`gguf`]: GGUF files (llama.cpp): [`Policy::from_gguf`] (metadata →
 //!   config, dequantised tensors, Q/K un-permute) and
@@ -19,6 +20,11 @@
 //!   rollouts.
 //!   Its tests live in `llama_tests.rs` (incl. an independent f64 reference
 //!   forward and a cross-check against candle-transformers' Llama).
+//! - [`lora`]: LoRA settings, adapted projections and PEFT file layout
+//!   ([`LoraConfig`]); the adapters live in [`Policy`]
+//!   ([`Policy::with_lora`], [`Policy::merged`], [`Policy::save_adapter`]).
+//! - [`source`]: [`ModelSource`], what a `model.path` names (HF folder or
+//!   GGUF file) with its tokenizer side files.
 //! - `ops` (private): fused CPU kernels *with* backward passes (causal
 //!   softmax, RMSNorm, rotary, SwiGLU, target log-prob + entropy) used by
 //!   the model, with composite-candle fallbacks for non-CPU devices.

@@ -818,14 +818,28 @@ mod tests {
         let w = randn(&mut rng, &[4, 5]);
         let up = randn(&mut rng, &[4, 3]);
         // Something downstream, so the incoming gradient is not all ones.
-        let y1 = frozen_linear(x.as_tensor(), w.as_tensor()).unwrap().matmul(up.as_tensor()).unwrap();
-        let y2 = x.as_tensor().matmul(&w.as_tensor().t().unwrap()).unwrap().matmul(up.as_tensor()).unwrap();
+        let y1 = frozen_linear(x.as_tensor(), w.as_tensor())
+            .unwrap()
+            .matmul(up.as_tensor())
+            .unwrap();
+        let y2 = x
+            .as_tensor()
+            .matmul(&w.as_tensor().t().unwrap())
+            .unwrap()
+            .matmul(up.as_tensor())
+            .unwrap();
         assert!(max_diff(&y1, &y2) < 1e-5);
         let g1 = y1.sqr().unwrap().sum_all().unwrap().backward().unwrap();
         let g2 = y2.sqr().unwrap().sum_all().unwrap().backward().unwrap();
-        let (a, b) = (g1.get(x.as_tensor()).unwrap(), g2.get(x.as_tensor()).unwrap());
+        let (a, b) = (
+            g1.get(x.as_tensor()).unwrap(),
+            g2.get(x.as_tensor()).unwrap(),
+        );
         assert!(max_diff(a, b) < 1e-4, "dx differs by {}", max_diff(a, b));
-        assert!(g1.get(w.as_tensor()).is_none(), "the frozen weight got a gradient");
+        assert!(
+            g1.get(w.as_tensor()).is_none(),
+            "the frozen weight got a gradient"
+        );
         assert!(g2.get(w.as_tensor()).is_some());
     }
 
