@@ -221,12 +221,12 @@ enum Cmd {
         repeats: usize,
         #[arg(long, default_value_t = 0)]
         seed: u64,
-        /// Print JSON.
-        #[arg(long)]
         /// Train LoRA adapters of this rank (alpha = 2 rank, every
         /// projection) instead of every weight.
         #[arg(long)]
         lora_rank: Option<usize>,
+        /// Print JSON.
+        #[arg(long)]
         json: bool,
     },
     /// Measure rollout and train tokens/s of a model on the household env.
