@@ -2,38 +2,19 @@
 //! folder in a temp dir (no downloads): every row is filled, timings are
 //! positive, and each sequence decodes exactly `new_tokens` tokens.
 
+mod common;
+
 use actguide::bench_model::{run, ModelBenchConfig, ModelBenchError};
-use actguide::model::{Family, ModelConfig, Policy};
+use actguide::model::Policy;
 use candle_core::Device;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
-fn tiny_config() -> ModelConfig {
-    ModelConfig {
-        architectures: vec![Family::Llama.class_name().into()],
-        model_type: Family::Llama.model_type().into(),
-        vocab_size: 100,
-        hidden_size: 32,
-        intermediate_size: 64,
-        num_hidden_layers: 2,
-        num_attention_heads: 4,
-        num_key_value_heads: 2,
-        head_dim: None,
-        rope_theta: 10_000.0,
-        rms_norm_eps: 1e-6,
-        max_position_embeddings: 128,
-        tie_word_embeddings: true,
-        bos_token_id: Some(1),
-        eos_token_id: Some(2),
-        pad_token_id: Some(0),
-        initializer_range: 0.02,
-    }
-}
-
 fn tiny_model_dir() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let mut rng = ChaCha8Rng::seed_from_u64(7);
-    let p = Policy::new_random(&tiny_config(), &mut rng, &Device::Cpu).unwrap();
+    let p =
+        Policy::new_random(&common::tiny_llama_config(100, 128), &mut rng, &Device::Cpu).unwrap();
     p.save_hf_dir(dir.path(), None).unwrap();
     dir
 }

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use actguide::experiment::export::{export, ExportOptions};
 use actguide::experiment::{self, eval, Experiment, RunOptions};
-use actguide::model::{Arch, GgmlDType, ModelConfig, ModelSource, Policy, ScoreBatch};
+use actguide::model::{Arch, GgmlDType, ModelSource, Policy, ScoreBatch};
 use candle_core::quantized::gguf_file::{self, Value};
 use candle_core::Device;
 use rand::SeedableRng;
@@ -261,25 +261,7 @@ fn bad_lora_settings_are_refused_with_their_key() {
 /// template in its GGUF metadata.
 fn tiny_chat_gguf(path: &Path) {
     let vocab = common::synthetic_vocab(Some("smollm"));
-    let cfg = ModelConfig {
-        architectures: vec!["LlamaForCausalLM".into()],
-        model_type: "llama".into(),
-        vocab_size: vocab.tokens.len(),
-        hidden_size: 32,
-        intermediate_size: 64,
-        num_hidden_layers: 2,
-        num_attention_heads: 4,
-        num_key_value_heads: 2,
-        head_dim: None,
-        rope_theta: 10000.0,
-        rms_norm_eps: 1e-5,
-        max_position_embeddings: 8192,
-        tie_word_embeddings: true,
-        bos_token_id: Some(1),
-        eos_token_id: Some(2),
-        pad_token_id: Some(0),
-        initializer_range: 0.05,
-    };
+    let cfg = common::tiny_llama_config(vocab.tokens.len(), 8192);
     let arch = Arch::from_config(&cfg).unwrap();
     let p =
         Policy::new_random_with_arch(&cfg, &arch, &mut ChaCha8Rng::seed_from_u64(9), &Device::Cpu)

@@ -4,7 +4,7 @@
 #![allow(dead_code)]
 
 use actguide::model::gguf_tokenizer::{TOKEN_TYPE_CONTROL, TOKEN_TYPE_NORMAL};
-use actguide::model::GgufVocab;
+use actguide::model::{Family, GgufVocab, ModelConfig};
 
 /// GPT-2's byte → printable-char map (the byte-level BPE alphabet).
 pub fn bytes_to_unicode() -> Vec<char> {
@@ -51,5 +51,29 @@ pub fn synthetic_vocab(pre: Option<&str>) -> GgufVocab {
         eos_token_id: Some(2),
         unknown_token_id: None,
         padding_token_id: Some(0),
+    }
+}
+
+/// A tiny random-init Llama config (hidden 32, 2 layers, 4 heads, 2 kv
+/// heads, tied embeddings; bos 1, eos 2, pad 0).
+pub fn tiny_llama_config(vocab_size: usize, max_positions: usize) -> ModelConfig {
+    ModelConfig {
+        architectures: vec![Family::Llama.class_name().into()],
+        model_type: Family::Llama.model_type().into(),
+        vocab_size,
+        hidden_size: 32,
+        intermediate_size: 64,
+        num_hidden_layers: 2,
+        num_attention_heads: 4,
+        num_key_value_heads: 2,
+        head_dim: None,
+        rope_theta: 10_000.0,
+        rms_norm_eps: 1e-6,
+        max_position_embeddings: max_positions,
+        tie_word_embeddings: true,
+        bos_token_id: Some(1),
+        eos_token_id: Some(2),
+        pad_token_id: Some(0),
+        initializer_range: 0.02,
     }
 }
