@@ -123,7 +123,6 @@ struct Ctx {
     tok: Tok,
     /// The opened `model.path` (tokenizer side files for checkpoints).
     src: ModelSource,
-    config_json: String,
     policy: Policy,
     trainer: Trainer,
     host: GuidanceHost,
@@ -240,7 +239,6 @@ fn setup(exp: Experiment, opts: &RunOptions) -> Result<(Ctx, usize), RunError> {
 
     let src = super::model::open(&exp)?;
     let tok = src.tok.clone();
-    let config_json = src.config_json()?;
     // The initial policy (from the model source, else the seed) is also
     // the frozen KL reference, after a resume too; with LoRA the adapters
     // start at zero, so it is exactly the adapted model's start.
@@ -333,7 +331,6 @@ fn setup(exp: Experiment, opts: &RunOptions) -> Result<(Ctx, usize), RunError> {
             clusters,
             tok,
             src,
-            config_json,
             policy,
             trainer,
             host,
@@ -1078,7 +1075,6 @@ fn save_checkpoint(ctx: &Ctx, step: usize) -> Result<PathBuf, RunError> {
         CheckpointFiles {
             weights,
             optimizer: ctx.trainer.opt.state_tensors(),
-            config_json: &ctx.config_json,
             adapter: ctx.policy.lora(),
             base_model: &ctx.exp.model.path,
             model: &ctx.src,

@@ -48,6 +48,9 @@ pub struct ModelSource {
     pub cfg: ModelConfig,
     pub arch: Arch,
     pub tok: Tok,
+    /// `config.json` text in HF form (for a GGUF, synthesised from its
+    /// metadata).
+    pub config_json: String,
     /// `tokenizer.json` text (for a GGUF: built from its vocabulary).
     pub tokenizer_json: String,
     /// `tokenizer_config.json`, when the folder has one (for a GGUF:
@@ -102,6 +105,7 @@ impl ModelSource {
             });
         }
         let (cfg, arch) = ModelConfig::from_file_with_arch(&cfg_path)?;
+        let config_json = std::fs::read_to_string(&cfg_path).map_err(|e| io(&cfg_path, e))?;
         let tok_path = path.join(TOKENIZER_FILE);
         if !tok_path.is_file() {
             return Err(ModelError::MissingFile {
@@ -121,6 +125,7 @@ impl ModelSource {
             cfg,
             arch,
             tok,
+            config_json,
             tokenizer_json,
             tokenizer_config: read_json(&path.join(TOKENIZER_CONFIG_FILE))?,
             generation_config: read_json(&path.join(GENERATION_CONFIG_FILE))?,
@@ -132,6 +137,10 @@ impl ModelSource {
         let g = GgufFile::open(path)?;
         let file = path.display().to_string();
         let (cfg, arch) = gguf_config(path)?;
+        let config_json = cfg.to_hf_json(&arch).map_err(|msg| ModelError::Config {
+            path: path.to_path_buf(),
+            msg,
+        })?;
         let vocab = GgufVocab::from_metadata(g.metadata(), &file)?;
         let tok = Tok::from_gguf_vocab(&vocab, path)?;
         let tokenizer_json = vocab.to_tokenizer_json(&file)?.to_string();
@@ -164,6 +173,7 @@ impl ModelSource {
             cfg,
             arch,
             tok,
+            config_json,
             tokenizer_json,
             tokenizer_config: Some(tokenizer_config),
             generation_config: Some(generation_config),
@@ -201,21 +211,6 @@ impl ModelSource {
                 Policy::new_random_with_arch(&self.cfg, &self.arch, &mut rng(), device)
             }
         }
-    }
-
-    /// `config.json` text for this model in HF form (for a GGUF,
-    /// synthesised from its metadata).
-    pub fn config_json(&self) -> Result<String> {
-        if self.weights != WeightsFrom::Gguf {
-            let p = self.path.join(CONFIG_FILE);
-            return std::fs::read_to_string(&p).map_err(|e| io(&p, e));
-        }
-        self.cfg
-            .to_hf_json(&self.arch)
-            .map_err(|msg| ModelError::Config {
-                path: self.path.clone(),
-                msg,
-            })
     }
 
     /// Writes the tokenizer files (`tokenizer.json`, and

@@ -71,8 +71,7 @@ pub struct CheckpointFiles<'a> {
     /// Written into `adapter_config.json` as `base_model_name_or_path`.
     pub base_model: &'a str,
     pub optimizer: HashMap<String, Tensor>,
-    pub config_json: &'a str,
-    /// The model's tokenizer files (`tokenizer.json` and, when known,
+    /// The model's `config.json` and tokenizer files (`tokenizer.json` and, when known,
     /// `tokenizer_config.json` / `generation_config.json`).
     pub model: &'a ModelSource,
 }
@@ -106,7 +105,7 @@ pub fn save(
         .map_err(|e| io(&tmp, e))?;
     candle_core::safetensors::save(&files.optimizer, tmp.join("optimizer.safetensors"))
         .map_err(|e| io(&tmp, e))?;
-    std::fs::write(tmp.join("config.json"), files.config_json).map_err(|e| io(&tmp, e))?;
+    std::fs::write(tmp.join("config.json"), &files.model.config_json).map_err(|e| io(&tmp, e))?;
     files
         .model
         .write_side_files(&tmp)
