@@ -244,30 +244,14 @@ impl<'a> Meta<'a> {
         self.opt_str(key)?.ok_or_else(|| self.missing(key))
     }
 
-    /// An array of strings (`tokenizer.ggml.tokens`, `.merges`).
-    pub(super) fn opt_str_array(&self, key: &str) -> Result<Option<Vec<String>>> {
-        let Some(v) = self.get(key) else {
-            return Ok(None);
-        };
-        let Value::Array(items) = v else {
-            return Err(self.bad(key, format!("expected an array, got {}", type_name(v))));
-        };
-        items
-            .iter()
-            .enumerate()
-            .map(|(i, x)| match x {
-                Value::String(s) => Ok(s.clone()),
-                other => Err(self.bad(
-                    key,
-                    format!("element {i} is {}, expected a string", type_name(other)),
-                )),
-            })
-            .collect::<Result<Vec<_>>>()
-            .map(Some)
-    }
-
-    /// An array of integers (`tokenizer.ggml.token_type`).
-    pub(super) fn opt_i64_array(&self, key: &str) -> Result<Option<Vec<i64>>> {
+    /// An array whose elements `elem` converts (`None`: the element is not
+    /// `what`).
+    fn opt_array<T>(
+        &self,
+        key: &str,
+        what: &str,
+        elem: impl Fn(&Value) -> Option<T>,
+    ) -> Result<Option<Vec<T>>> {
         let Some(v) = self.get(key) else {
             return Ok(None);
         };
@@ -278,15 +262,28 @@ impl<'a> Meta<'a> {
             .iter()
             .enumerate()
             .map(|(i, x)| {
-                value_i64(x).ok_or_else(|| {
+                elem(x).ok_or_else(|| {
                     self.bad(
                         key,
-                        format!("element {i} is {}, expected an integer", type_name(x)),
+                        format!("element {i} is {}, expected {what}", type_name(x)),
                     )
                 })
             })
             .collect::<Result<Vec<_>>>()
             .map(Some)
+    }
+
+    /// An array of strings (`tokenizer.ggml.tokens`, `.merges`).
+    pub(super) fn opt_str_array(&self, key: &str) -> Result<Option<Vec<String>>> {
+        self.opt_array(key, "a string", |x| match x {
+            Value::String(s) => Some(s.clone()),
+            _ => None,
+        })
+    }
+
+    /// An array of integers (`tokenizer.ggml.token_type`).
+    pub(super) fn opt_i64_array(&self, key: &str) -> Result<Option<Vec<i64>>> {
+        self.opt_array(key, "an integer", value_i64)
     }
 }
 
