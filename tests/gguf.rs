@@ -30,30 +30,10 @@ use common::synthetic_vocab;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-const VOCAB: usize = 100;
+const VOCAB: usize = common::FAMILY_VOCAB;
 
 fn config(family: Family, tied: bool) -> ModelConfig {
-    let qwen = family != Family::Llama;
-    ModelConfig {
-        architectures: vec![family.class_name().into()],
-        model_type: family.model_type().into(),
-        vocab_size: VOCAB,
-        hidden_size: 64,
-        intermediate_size: 128,
-        num_hidden_layers: 2,
-        num_attention_heads: 4,
-        num_key_value_heads: 2,
-        // Qwen3 gives head_dim explicitly (not hidden / heads = 16).
-        head_dim: (family == Family::Qwen3).then_some(32),
-        rope_theta: if qwen { 1_000_000.0 } else { 10_000.0 },
-        rms_norm_eps: 1e-6,
-        max_position_embeddings: 256,
-        tie_word_embeddings: tied,
-        bos_token_id: Some(1),
-        eos_token_id: Some(2),
-        pad_token_id: Some(0),
-        initializer_range: 0.2,
-    }
+    common::family_config(family, tied, 32)
 }
 
 fn arch(family: Family, attention_bias: bool) -> Arch {

@@ -77,3 +77,33 @@ pub fn tiny_llama_config(vocab_size: usize, max_positions: usize) -> ModelConfig
         initializer_range: 0.02,
     }
 }
+
+/// Vocabulary size of [`family_config`].
+pub const FAMILY_VOCAB: usize = 100;
+
+/// A tiny random-init config of `family` (hidden 64, 2 layers, 4 heads, 2
+/// kv heads, vocab [`FAMILY_VOCAB`]). Qwen3 gets the explicit `qwen3_head_dim` (its
+/// checkpoints give head_dim, and it need not be hidden / heads = 16).
+pub fn family_config(family: Family, tied: bool, qwen3_head_dim: usize) -> ModelConfig {
+    let qwen = family != Family::Llama;
+    ModelConfig {
+        architectures: vec![family.class_name().into()],
+        model_type: family.model_type().into(),
+        vocab_size: FAMILY_VOCAB,
+        hidden_size: 64,
+        intermediate_size: 128,
+        num_hidden_layers: 2,
+        num_attention_heads: 4,
+        num_key_value_heads: 2,
+        head_dim: (family == Family::Qwen3).then_some(qwen3_head_dim),
+        rope_theta: if qwen { 1_000_000.0 } else { 10_000.0 },
+        rms_norm_eps: 1e-6,
+        max_position_embeddings: 256,
+        tie_word_embeddings: tied,
+        bos_token_id: Some(1),
+        eos_token_id: Some(2),
+        pad_token_id: Some(0),
+        // Peaked enough that greedy choices are not near-ties.
+        initializer_range: 0.2,
+    }
+}
