@@ -7,7 +7,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use actguide::experiment::{self, Comparison, Event, Plan, RunOptions, RunSummary};
+use actguide::experiment::{self, Comparison, Event, ExperimentFile, RunOptions, RunSummary};
 
 // candle allocates and frees large tensors on every op; glibc's malloc
 // returns them to the OS each time (mmap/munmap + page faults), which
@@ -612,9 +612,9 @@ fn run(
     plain: bool,
 ) -> Result<()> {
     let exp = match (&experiment, &resume) {
-        (Some(p), None) => match Plan::load(p)? {
-            Plan::Single(e) => *e,
-            Plan::Compare(c) => return compare(&c, stop_after, plain),
+        (Some(p), None) => match ExperimentFile::load(p)? {
+            ExperimentFile::Single(e) => *e,
+            ExperimentFile::Compare(c) => return compare(&c, stop_after, plain),
         },
         (None, Some(d)) => {
             let p = d.join("experiment.json");

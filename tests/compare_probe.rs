@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use actguide::experiment::probe::{probe, ProbeOptions};
-use actguide::experiment::{self, Plan, RunOptions};
+use actguide::experiment::{self, ExperimentFile, RunOptions};
 use actguide::report::tensorboard::read_events;
 use serde_json::Value;
 
@@ -55,7 +55,7 @@ fn a_comparison_runs_each_entry_on_the_same_setup_and_writes_one_report() {
             r.display()
         ),
     );
-    let Plan::Compare(c) = Plan::from_source("cmp.rhai", &src).unwrap() else {
+    let ExperimentFile::Compare(c) = ExperimentFile::from_source("cmp.rhai", &src).unwrap() else {
         panic!("a compare file is a comparison")
     };
     assert_eq!(c.runs.len(), 2);
@@ -137,11 +137,11 @@ fn a_comparison_runs_each_entry_on_the_same_setup_and_writes_one_report() {
 fn comparison_entries_are_checked() {
     let tmp = tempfile::tempdir().unwrap();
     let dup = source(tmp.path(), 1, r#"#{ name: "a" }, #{ name: "a" }"#);
-    let e = Plan::from_source("cmp.rhai", &dup).unwrap_err().to_string();
+    let e = ExperimentFile::from_source("cmp.rhai", &dup).unwrap_err().to_string();
     assert!(e.contains("used twice"), "{e}");
     assert!(e.starts_with("cmp.rhai:"), "{e}");
     let unnamed = source(tmp.path(), 1, r#"#{ seed: 3 }"#);
-    let e = Plan::from_source("cmp.rhai", &unnamed)
+    let e = ExperimentFile::from_source("cmp.rhai", &unnamed)
         .unwrap_err()
         .to_string();
     assert!(e.contains("`compare[0]` needs a `name`"), "{e}");
@@ -150,7 +150,7 @@ fn comparison_entries_are_checked() {
         1,
         r#"#{ name: "x", rollout: #{ group_sise: 2 } }"#,
     );
-    let e = Plan::from_source("cmp.rhai", &bad_key)
+    let e = ExperimentFile::from_source("cmp.rhai", &bad_key)
         .unwrap_err()
         .to_string();
     assert!(
@@ -165,8 +165,8 @@ fn comparison_entries_are_checked() {
 #[test]
 fn probe_walks_the_expert_trajectory_and_is_deterministic() {
     let tmp = tempfile::tempdir().unwrap();
-    let Plan::Compare(c) =
-        Plan::from_source("cmp.rhai", &source(tmp.path(), 1, r#"#{ name: "p" }"#)).unwrap()
+    let ExperimentFile::Compare(c) =
+        ExperimentFile::from_source("cmp.rhai", &source(tmp.path(), 1, r#"#{ name: "p" }"#)).unwrap()
     else {
         panic!()
     };

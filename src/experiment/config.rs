@@ -380,7 +380,7 @@ fn source_to_json(file: &str, source: &str) -> Result<serde_json::Value, ConfigE
 /// What an experiment file describes: one run, or a comparison of several
 /// runs that share everything but the keys each one overrides.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Plan {
+pub enum ExperimentFile {
     Single(Box<Experiment>),
     Compare(Comparison),
 }
@@ -412,7 +412,7 @@ fn deep_merge(base: &mut serde_json::Value, over: &serde_json::Value) {
     }
 }
 
-impl Plan {
+impl ExperimentFile {
     /// Evaluate an experiment file: one experiment, or a comparison.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let file = path.display().to_string();
@@ -426,7 +426,7 @@ impl Plan {
     pub fn from_source(file: &str, source: &str) -> Result<Self, ConfigError> {
         let mut json = source_to_json(file, source)?;
         let Some(list) = json.as_object_mut().and_then(|m| m.remove("compare")) else {
-            return Experiment::from_json(file, source, json).map(|e| Plan::Single(Box::new(e)));
+            return Experiment::from_json(file, source, json).map(|e| ExperimentFile::Single(Box::new(e)));
         };
         let (line, col) = locate_key(source, &["compare".to_string()]);
         let at = |msg: String| ConfigError::Field {
@@ -485,7 +485,7 @@ impl Plan {
             })?;
             runs.push(exp);
         }
-        Ok(Plan::Compare(Comparison {
+        Ok(ExperimentFile::Compare(Comparison {
             name,
             runs_dir,
             runs,

@@ -207,11 +207,11 @@ pub fn load_run(path: &std::path::Path) -> Result<RunModels, crate::experiment::
     let clusters = Clusters::from_lengths(&lens, exp.guidance.clusters);
     // The model as the run built it: its source, the checkpoint's weights
     // (or adapters on the source's base), and its prompt format.
-    let src = super::model::open(&exp)?;
+    let src = super::policies::open(&exp)?;
     let tok = src.tok.clone();
-    let trained = super::model::trained(&exp, &src, Some(&loaded), &device)?;
-    let initial = super::model::initial(&exp, &src, &device)?;
-    let ropts = super::model::rollout_options(&exp, &src, false)?;
+    let trained = super::policies::trained(&exp, &src, Some(&loaded), &device)?;
+    let initial = super::policies::initial(&exp, &src, &device)?;
+    let ropts = super::policies::rollout_options(&exp, &src, false)?;
     Ok(RunModels {
         src,
         ckpt_dir: loaded.dir.clone(),

@@ -7,10 +7,10 @@ pub mod config;
 pub mod eval;
 pub mod export;
 pub mod metrics;
-pub mod model;
+pub mod policies;
 pub mod probe;
 pub mod run;
 
 pub use compare::{run_comparison, ComparisonSummary};
-pub use config::{Comparison, ConfigError, Experiment, Plan};
+pub use config::{Comparison, ConfigError, Experiment, ExperimentFile};
 pub use run::{run, Event, RunError, RunOptions, RunSummary};

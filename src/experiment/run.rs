@@ -218,7 +218,7 @@ pub fn run(
 }
 
 fn setup(exp: Experiment, opts: &RunOptions) -> Result<(Ctx, usize), RunError> {
-    let device = super::model::device(&exp)?;
+    let device = super::policies::device(&exp)?;
     let run_dir = match &opts.resume {
         Some(d) => d.clone(),
         None => fresh_run_dir(&exp.run_dir()),
@@ -237,14 +237,14 @@ fn setup(exp: Experiment, opts: &RunOptions) -> Result<(Ctx, usize), RunError> {
     let lens: Vec<usize> = train.iter().map(|t| t.expert.len()).collect();
     let clusters = Clusters::from_lengths(&lens, exp.guidance.clusters);
 
-    let src = super::model::open(&exp)?;
+    let src = super::policies::open(&exp)?;
     let tok = src.tok.clone();
     // The initial policy (from the model source, else the seed) is also
     // the frozen KL reference, after a resume too; with LoRA the adapters
     // start at zero, so it is exactly the adapted model's start.
-    let policy = super::model::trained(&exp, &src, resumed.as_ref(), &device)?;
+    let policy = super::policies::trained(&exp, &src, resumed.as_ref(), &device)?;
     let reference = if exp.trainer.kl_coef > 0.0 {
-        Some(super::model::initial(&exp, &src, &device)?)
+        Some(super::policies::initial(&exp, &src, &device)?)
     } else {
         None
     };
@@ -315,7 +315,7 @@ fn setup(exp: Experiment, opts: &RunOptions) -> Result<(Ctx, usize), RunError> {
     }
     let regions = read_regions(&run_dir.join("eval.jsonl"))?;
     let tb = Some(EventWriter::create(&run_dir.join("tb")).map_err(|e| io_err(&run_dir, e))?);
-    let ropts = super::model::rollout_options(
+    let ropts = super::policies::rollout_options(
         &exp,
         &src,
         exp.trainer.aux_nll_coef > 0.0 || exp.trainer.train_prefix,
