@@ -115,7 +115,10 @@ pub fn run(cfg: &BenchConfig) -> Result<BenchReport, RunError> {
         format: PromptFormat::Plain,
     };
     let make = |limit: usize| -> Box<dyn Env> {
-        make_env(&crate::env::EnvSpec::builtin("household"), limit)
+        make_env(
+            &crate::env::EnvSpec::builtin(crate::env::BuiltinEnv::Household),
+            limit,
+        )
     };
     let (mut rt, mut rtok, mut gtok, mut tt, mut ttok) = (0.0, 0usize, 0usize, 0.0, 0usize);
     let mut episodes_per_step = 0;

@@ -171,7 +171,7 @@ enum Cmd {
     /// protocol tests.
     ServeEnv {
         #[arg(long, default_value = "household")]
-        env: String,
+        env: actguide::env::BuiltinEnv,
         /// "stdio" or "http".
         #[arg(long, default_value = "stdio")]
         protocol: String,
@@ -194,7 +194,7 @@ enum Cmd {
     InitTiny {
         /// The env whose vocabulary the tokenizer covers.
         #[arg(long, default_value = "household")]
-        env: String,
+        env: actguide::env::BuiltinEnv,
         /// Output folder (default: models/tiny, or models/tiny-<env>).
         #[arg(long)]
         out: Option<PathBuf>,
@@ -262,7 +262,7 @@ enum TasksCmd {
     /// Generate train/test panels.
     Generate {
         #[arg(long, default_value = "household")]
-        env: String,
+        env: actguide::env::BuiltinEnv,
         #[arg(long, default_value_t = 2026)]
         seed: u64,
         #[arg(long, default_value_t = 256)]
@@ -277,7 +277,7 @@ enum TasksCmd {
     Stats {
         panel: PathBuf,
         #[arg(long, default_value = "household")]
-        env: String,
+        env: actguide::env::BuiltinEnv,
         #[arg(long, default_value_t = 16)]
         rollouts: usize,
         #[arg(long, default_value_t = 20)]
@@ -457,18 +457,15 @@ fn dispatch(cli: Cli) -> Result<()> {
             fault_every,
         } => {
             use actguide::env::external::serve::{serve_stdio, Faults, HttpServer};
-            if !actguide::env::BUILTIN.contains(&env.as_str()) {
-                bail!("unknown env `{env}` (built-in: household, shop, searchqa)");
-            }
             let faults = Faults {
                 die_after_steps,
                 malformed_after_steps,
                 every: fault_every,
             };
             match protocol.as_str() {
-                "stdio" => serve_stdio(&env, max_steps, faults)?,
+                "stdio" => serve_stdio(env, max_steps, faults)?,
                 "http" => {
-                    let server = HttpServer::bind(&env, port, max_steps, faults)?;
+                    let server = HttpServer::bind(env, port, max_steps, faults)?;
                     println!("listening on {}", server.url());
                     use std::io::Write;
                     std::io::stdout().flush()?;
@@ -479,14 +476,11 @@ fn dispatch(cli: Cli) -> Result<()> {
             Ok(())
         }
         Cmd::InitTiny { env, out } => {
-            if !actguide::env::BUILTIN.contains(&env.as_str()) {
-                bail!("unknown env `{env}` (built-in: household, shop, searchqa)");
-            }
-            let out = out.unwrap_or_else(|| match env.as_str() {
-                "household" => PathBuf::from("models/tiny"),
+            let out = out.unwrap_or_else(|| match env {
+                actguide::env::BuiltinEnv::Household => PathBuf::from("models/tiny"),
                 e => PathBuf::from(format!("models/tiny-{e}")),
             });
-            let (cfg, n) = actguide::tiny::write_tiny_model_for(&env, &out)?;
+            let (cfg, n) = actguide::tiny::write_tiny_model_for(env, &out)?;
             println!(
                 "wrote {}/config.json and tokenizer.json ({} tokens, {} layers, hidden {})",
                 out.display(),
@@ -571,8 +565,8 @@ fn tasks(cmd: TasksCmd) -> Result<()> {
             test,
             out,
         } => {
-            let (tr, te) = actguide::env::generate_panels(&env, seed, train, test)?;
-            let out = out.unwrap_or_else(|| PathBuf::from("envs").join(&env));
+            let (tr, te) = actguide::env::generate_panels(env, seed, train, test)?;
+            let out = out.unwrap_or_else(|| PathBuf::from("envs").join(env.name()));
             std::fs::create_dir_all(&out).with_context(|| out.display().to_string())?;
             panel::write_panels(&out, &tr, &te)?;
             println!(
@@ -592,7 +586,7 @@ fn tasks(cmd: TasksCmd) -> Result<()> {
         } => {
             let tasks = panel::read_jsonl(&path)?;
             let table =
-                actguide::env::random_policy_success(&env, &tasks, rollouts, max_steps, seed)?;
+                actguide::env::random_policy_success(env, &tasks, rollouts, max_steps, seed);
             println!(
                 "random valid-action policy, {rollouts} rollouts/task, limit {max_steps} steps"
             );

@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use crate::env::household;
+use crate::env::BuiltinEnv;
 use crate::model::{ModelConfig, ModelError, Tok};
 use crate::rollout::prompt::SCAFFOLD_WORDS;
 
@@ -38,17 +38,13 @@ pub fn tiny_config(vocab_size: usize) -> ModelConfig {
 
 /// The household tiny tokenizer.
 pub fn tiny_tokenizer() -> Result<Tok, ModelError> {
-    tiny_tokenizer_for("household")
+    tiny_tokenizer_for(BuiltinEnv::Household)
 }
 
 /// The tiny tokenizer of a built-in env: specials, then every env and
 /// scaffold word.
-pub fn tiny_tokenizer_for(env: &str) -> Result<Tok, ModelError> {
-    let vocab = match env {
-        "shop" => crate::env::shop::vocabulary(),
-        "searchqa" => crate::env::searchqa::vocabulary(),
-        _ => household::vocabulary(),
-    };
+pub fn tiny_tokenizer_for(env: BuiltinEnv) -> Result<Tok, ModelError> {
+    let vocab = env.vocabulary();
     // The tokenizer lower-cases its input, so the vocabulary is lower-cased too.
     let mut words: Vec<String> = vocab.iter().map(|w| w.to_lowercase()).collect();
     words.extend(SCAFFOLD_WORDS.iter().map(|s| s.to_string()));
@@ -57,13 +53,12 @@ pub fn tiny_tokenizer_for(env: &str) -> Result<Tok, ModelError> {
     Tok::build_word_level(&words, &SPECIALS)
 }
 
-/// Write the household card's `config.json` and `tokenizer.json` into `out`.
-pub fn write_tiny_model(out: &Path) -> Result<(ModelConfig, usize), ModelError> {
-    write_tiny_model_for("household", out)
-}
-
-/// Write a built-in env's tiny card into `out`.
-pub fn write_tiny_model_for(env: &str, out: &Path) -> Result<(ModelConfig, usize), ModelError> {
+/// Write a built-in env's tiny card (`config.json` and `tokenizer.json`)
+/// into `out`.
+pub fn write_tiny_model_for(
+    env: BuiltinEnv,
+    out: &Path,
+) -> Result<(ModelConfig, usize), ModelError> {
     std::fs::create_dir_all(out).map_err(|e| ModelError::Io {
         path: out.to_path_buf(),
         source: e,
@@ -100,7 +95,7 @@ mod tests {
 
     #[test]
     fn committed_shop_and_searchqa_cards_match_the_generator() {
-        for env in ["shop", "searchqa"] {
+        for env in [BuiltinEnv::Shop, BuiltinEnv::SearchQa] {
             let dir = root().join(format!("models/tiny-{env}"));
             let tok = Tok::from_file(&dir.join("tokenizer.json")).unwrap();
             let fresh = tiny_tokenizer_for(env).unwrap();
@@ -113,13 +108,13 @@ mod tests {
     #[test]
     fn shop_and_searchqa_expert_episodes_encode_without_unknown_tokens() {
         use crate::rollout::prompt::{render, PromptParts};
-        for env_kind in ["shop", "searchqa"] {
+        for env_kind in [BuiltinEnv::Shop, BuiltinEnv::SearchQa] {
             let tok = tiny_tokenizer_for(env_kind).unwrap();
             let unk = tok.token_id("[UNK]").unwrap();
             let tasks =
                 panel::read_jsonl(&root().join(format!("envs/{env_kind}/train.jsonl"))).unwrap();
             for t in tasks.iter().take(40) {
-                let mut env = crate::env::builtin_env(env_kind, 50);
+                let mut env = env_kind.env(50);
                 let obs = env.reset(t).unwrap();
                 let mut texts = vec![t.goal.clone(), obs.text, env.status()];
                 texts.extend(obs.admissible);
@@ -156,7 +151,7 @@ mod tests {
             let tasks =
                 panel::read_jsonl(&root().join(format!("envs/household/{f}.jsonl"))).unwrap();
             for t in tasks.iter().take(40) {
-                let mut env = household::HouseholdEnv::new(50);
+                let mut env = crate::env::household::HouseholdEnv::new(50);
                 let obs = env.reset(t).unwrap();
                 let mut texts = vec![t.goal.clone(), obs.text, env.status()];
                 texts.extend(obs.admissible);

@@ -66,8 +66,8 @@ pub struct EnvSection {
     /// "household", "shop", "searchqa" (built-in), "http" (AgentGym env
     /// server at `url`) or "subprocess" (`command` speaking
     /// envs/PROTOCOL.md).
-    #[serde(default = "d_env_kind")]
-    pub kind: String,
+    #[serde(default)]
+    pub kind: crate::env::EnvKindName,
     pub train: String,
     pub test: String,
     /// Episode step limit in policy actions (executed expert prefix
@@ -116,16 +116,16 @@ fn d_success_reward() -> f64 {
 impl EnvSection {
     /// The env spec the runner builds envs from.
     pub fn spec(&self) -> crate::env::EnvSpec {
-        use crate::env::{external::Limits, EnvKind, EnvSpec};
-        let kind = match self.kind.as_str() {
-            "http" => EnvKind::Http {
+        use crate::env::{external::Limits, EnvKind, EnvKindName, EnvSpec};
+        let kind = match self.kind {
+            EnvKindName::Http => EnvKind::Http {
                 url: self.url.clone().unwrap_or_default(),
                 id_field: self.id_field.clone(),
             },
-            "subprocess" => EnvKind::Subprocess {
+            EnvKindName::Subprocess => EnvKind::Subprocess {
                 command: self.command.clone(),
             },
-            k => EnvKind::Builtin(k.to_string()),
+            EnvKindName::Builtin(k) => EnvKind::Builtin(k),
         };
         EnvSpec {
             kind,
@@ -138,9 +138,6 @@ impl EnvSection {
     }
 }
 
-fn d_env_kind() -> String {
-    "household".into()
-}
 fn d_max_steps() -> usize {
     50
 }
@@ -426,7 +423,8 @@ impl ExperimentFile {
     pub fn from_source(file: &str, source: &str) -> Result<Self, ConfigError> {
         let mut json = source_to_json(file, source)?;
         let Some(list) = json.as_object_mut().and_then(|m| m.remove("compare")) else {
-            return Experiment::from_json(file, source, json).map(|e| ExperimentFile::Single(Box::new(e)));
+            return Experiment::from_json(file, source, json)
+                .map(|e| ExperimentFile::Single(Box::new(e)));
         };
         let (line, col) = locate_key(source, &["compare".to_string()]);
         let at = |msg: String| ConfigError::Field {
@@ -625,9 +623,9 @@ impl Experiment {
             )));
         }
         let e = &self.env;
-        match e.kind.as_str() {
-            k if crate::env::BUILTIN.contains(&k) => {}
-            "http" => {
+        match e.kind {
+            crate::env::EnvKindName::Builtin(_) => {}
+            crate::env::EnvKindName::Http => {
                 if e.url.as_deref().is_none_or(|u| !u.starts_with("http://")) {
                     return Err(bad(
                         "env.kind \"http\" needs env.url = \"http://host:port\"".into(),
@@ -640,18 +638,13 @@ impl Experiment {
                     )));
                 }
             }
-            "subprocess" => {
+            crate::env::EnvKindName::Subprocess => {
                 if e.command.is_empty() {
                     return Err(bad(
                         "env.kind \"subprocess\" needs env.command = [\"program\", \"arg\", …]"
                             .into(),
                     ));
                 }
-            }
-            other => {
-                return Err(bad(format!(
-                    "env.kind \"{other}\" is not available (household, shop, searchqa, http, subprocess)"
-                )))
             }
         }
         let timeout_ok = e.timeout_s > 0.0;

@@ -689,7 +689,10 @@ mod tests {
     }
 
     fn household(limit: usize) -> Box<dyn Env> {
-        crate::env::make_env(&crate::env::EnvSpec::builtin("household"), limit)
+        crate::env::make_env(
+            &crate::env::EnvSpec::builtin(crate::env::BuiltinEnv::Household),
+            limit,
+        )
     }
 
     #[test]

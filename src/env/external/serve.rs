@@ -16,12 +16,12 @@ use std::net::{TcpListener, TcpStream};
 use serde_json::{json, Value};
 
 use super::PROTOCOL_VERSION;
-use crate::env::{builtin_env, household, Env, EnvError, Observation, Task};
+use crate::env::{household, BuiltinEnv, Env, EnvError, Observation, Task};
 
 /// The expert actions of a built-in task: the task's own, else (household)
 /// planned from its world.
-fn builtin_expert(kind: &str, task: &Task) -> Result<Vec<String>, EnvError> {
-    if !task.expert.is_empty() || kind != "household" {
+fn builtin_expert(kind: BuiltinEnv, task: &Task) -> Result<Vec<String>, EnvError> {
+    if !task.expert.is_empty() || kind != BuiltinEnv::Household {
         return Ok(task.expert.clone());
     }
     let world = household::HouseholdEnv::parse_world(task)?;
@@ -50,6 +50,37 @@ impl Faults {
             .unwrap_or(0);
         n.is_multiple_of(every)
     }
+
+    /// Before serving step number `steps` (counted over the whole server
+    /// process) of `task`: exit if the server is to die now; `true` if the
+    /// reply is to be malformed.
+    fn before_step(&self, steps: usize, task: Option<&str>) -> bool {
+        let hit = self.applies(task);
+        if hit && self.die_after_steps.is_some_and(|n| steps > n) {
+            std::process::exit(3);
+        }
+        hit && self.malformed_after_steps.is_some_and(|n| steps > n)
+    }
+}
+
+/// A request the HTTP server cannot serve (answered with status 400 and
+/// `{"error": <message>}`).
+#[derive(Debug, thiserror::Error)]
+enum RequestError {
+    #[error("reset needs a numeric `id`")]
+    NoId,
+    #[error("reset needs the task in `task`: {0}")]
+    NoTask(serde_json::Error),
+    #[error("no env {0}")]
+    NoEnv(u64),
+    #[error(transparent)]
+    Env(#[from] EnvError),
+    #[error("step needs an `action` string")]
+    NoAction,
+    #[error("{0} is not served: replies carry the actions and observation")]
+    NotServed(String),
+    #[error("no route {method} {route}")]
+    NoRoute { method: String, route: String },
 }
 
 fn obs_json(o: &Observation, status: String) -> Value {
@@ -65,7 +96,7 @@ fn obs_json(o: &Observation, status: String) -> Value {
 }
 
 /// Serve the subprocess protocol on stdin/stdout until `close` or EOF.
-pub fn serve_stdio(kind: &str, max_steps: usize, faults: Faults) -> std::io::Result<()> {
+pub fn serve_stdio(kind: BuiltinEnv, max_steps: usize, faults: Faults) -> std::io::Result<()> {
     let stdin = std::io::stdin();
     let mut out = std::io::stdout().lock();
     let mut env: Option<Box<dyn Env>> = None;
@@ -82,11 +113,11 @@ pub fn serve_stdio(kind: &str, max_steps: usize, faults: Faults) -> std::io::Res
                 let id = req.get("id").cloned().unwrap_or(Value::Null);
                 let op = req.get("op").and_then(Value::as_str).unwrap_or("");
                 let mut r = match op {
-                    "hello" => json!({ "version": PROTOCOL_VERSION, "env": kind }),
+                    "hello" => json!({ "version": PROTOCOL_VERSION, "env": kind.name() }),
                     "reset" => match serde_json::from_value::<Task>(req["task"].clone()) {
                         Err(e) => json!({ "error": format!("bad task: {e}") }),
                         Ok(task) => {
-                            let mut e = builtin_env(kind, max_steps);
+                            let mut e = kind.env(max_steps);
                             match e.reset(&task) {
                                 Ok(o) => {
                                     let v = obs_json(&o, e.status());
@@ -100,11 +131,7 @@ pub fn serve_stdio(kind: &str, max_steps: usize, faults: Faults) -> std::io::Res
                     },
                     "step" => {
                         steps += 1;
-                        let hit = faults.applies(task_id.as_deref());
-                        if hit && faults.die_after_steps.is_some_and(|n| steps > n) {
-                            std::process::exit(3);
-                        }
-                        if hit && faults.malformed_after_steps.is_some_and(|n| steps > n) {
+                        if faults.before_step(steps, task_id.as_deref()) {
                             writeln!(out, "{{\"observation\": oops this is not json")?;
                             out.flush()?;
                             continue;
@@ -145,17 +172,25 @@ pub fn serve_stdio(kind: &str, max_steps: usize, faults: Faults) -> std::io::Res
 /// A bound HTTP server (call [`HttpServer::run`] to serve).
 pub struct HttpServer {
     listener: TcpListener,
-    kind: String,
+    kind: BuiltinEnv,
     max_steps: usize,
     faults: Faults,
 }
 
+/// The envs an HTTP server holds: id → (env, id of the task it was reset to).
+type Envs = BTreeMap<u64, (Box<dyn Env>, String)>;
+
 impl HttpServer {
     /// Bind `127.0.0.1:port` (0 = any free port).
-    pub fn bind(kind: &str, port: u16, max_steps: usize, faults: Faults) -> std::io::Result<Self> {
+    pub fn bind(
+        kind: BuiltinEnv,
+        port: u16,
+        max_steps: usize,
+        faults: Faults,
+    ) -> std::io::Result<Self> {
         Ok(HttpServer {
             listener: TcpListener::bind(("127.0.0.1", port))?,
-            kind: kind.to_string(),
+            kind,
             max_steps,
             faults,
         })
@@ -170,7 +205,7 @@ impl HttpServer {
 
     /// Serve requests one at a time, forever (or until a fault exits).
     pub fn run(self) -> std::io::Result<()> {
-        let mut envs: BTreeMap<u64, (Box<dyn Env>, String)> = BTreeMap::new();
+        let mut envs = Envs::new();
         let mut next = 0u64;
         let mut steps = 0usize;
         for stream in self.listener.incoming() {
@@ -179,61 +214,61 @@ impl HttpServer {
                 continue;
             };
             let route = path.split('?').next().unwrap_or("").to_string();
-            let reply: Result<Value, String> = match (method.as_str(), route.as_str()) {
+            let reply = match (method.as_str(), route.as_str()) {
                 ("POST", "/create") => {
                     next += 1;
-                    envs.insert(
-                        next,
-                        (builtin_env(&self.kind, self.max_steps), String::new()),
-                    );
+                    envs.insert(next, (self.kind.env(self.max_steps), String::new()));
                     Ok(json!({ "id": next }))
                 }
-                ("POST", "/reset") => (|| {
-                    let id = body["id"].as_u64().ok_or("reset needs a numeric `id`")?;
-                    let task: Task = serde_json::from_value(body["task"].clone())
-                        .map_err(|e| format!("reset needs the task in `task`: {e}"))?;
-                    let (env, tid) = envs.get_mut(&id).ok_or(format!("no env {id}"))?;
-                    let o = env.reset(&task).map_err(|e| e.to_string())?;
-                    *tid = task.id.clone();
-                    Ok(
-                        json!({ "id": id, "observation": o.text, "available_actions": o.admissible, "task_type": task.task_type }),
-                    )
-                })(),
+                ("POST", "/reset") => reset(&mut envs, &body),
                 ("POST", "/step") => {
                     steps += 1;
                     let id = body["id"].as_u64().unwrap_or(0);
                     let tid = envs.get(&id).map(|e| e.1.clone());
-                    let hit = self.faults.applies(tid.as_deref());
-                    if hit && self.faults.die_after_steps.is_some_and(|n| steps > n) {
-                        std::process::exit(3);
-                    }
-                    if hit && self.faults.malformed_after_steps.is_some_and(|n| steps > n) {
+                    if self.faults.before_step(steps, tid.as_deref()) {
                         respond(&mut stream, 200, "{\"observation\": oops this is not json");
                         continue;
                     }
-                    (|| {
-                        let action = body["action"]
-                            .as_str()
-                            .ok_or("step needs an `action` string")?;
-                        let (env, _) = envs.get_mut(&id).ok_or(format!("no env {id}"))?;
-                        let o = env.step(action).map_err(|e| e.to_string())?;
-                        Ok(
-                            json!({ "observation": o.text, "reward": o.reward, "done": o.done, "available_actions": o.admissible, "success": o.success, "valid": o.valid }),
-                        )
-                    })()
+                    step(&mut envs, id, &body)
                 }
-                ("GET", "/available_actions") | ("GET", "/observation") => Err(format!(
-                    "{route} is not served: replies carry the actions and observation"
-                )),
-                _ => Err(format!("no route {method} {route}")),
+                ("GET", "/available_actions") | ("GET", "/observation") => {
+                    Err(RequestError::NotServed(route))
+                }
+                _ => Err(RequestError::NoRoute { method, route }),
             };
             match reply {
                 Ok(v) => respond(&mut stream, 200, &v.to_string()),
-                Err(e) => respond(&mut stream, 400, &json!({ "error": e }).to_string()),
+                Err(e) => respond(
+                    &mut stream,
+                    400,
+                    &json!({ "error": e.to_string() }).to_string(),
+                ),
             }
         }
         Ok(())
     }
+}
+
+/// `/reset`: reset env `id` to the task in the body.
+fn reset(envs: &mut Envs, body: &Value) -> Result<Value, RequestError> {
+    let id = body["id"].as_u64().ok_or(RequestError::NoId)?;
+    let task: Task = serde_json::from_value(body["task"].clone()).map_err(RequestError::NoTask)?;
+    let (env, tid) = envs.get_mut(&id).ok_or(RequestError::NoEnv(id))?;
+    let o = env.reset(&task)?;
+    *tid = task.id.clone();
+    Ok(
+        json!({ "id": id, "observation": o.text, "available_actions": o.admissible, "task_type": task.task_type }),
+    )
+}
+
+/// `/step`: one action of env `id`.
+fn step(envs: &mut Envs, id: u64, body: &Value) -> Result<Value, RequestError> {
+    let action = body["action"].as_str().ok_or(RequestError::NoAction)?;
+    let (env, _) = envs.get_mut(&id).ok_or(RequestError::NoEnv(id))?;
+    let o = env.step(action)?;
+    Ok(
+        json!({ "observation": o.text, "reward": o.reward, "done": o.done, "available_actions": o.admissible, "success": o.success, "valid": o.valid }),
+    )
 }
 
 /// (method, path, JSON body or null) of one HTTP/1.1 request.

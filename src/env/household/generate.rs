@@ -6,22 +6,21 @@
 //! attempt), so train and test never share a world seed and no collection's
 //! iteration order leaks into the output.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::path::Path;
 
-use rand::seq::{IndexedRandom, SliceRandom};
+use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use super::catalog::{
-    kind_of, Category, ObjectKind, ReceptacleKind, TaskType, MAX_INDEX, OBJECTS, RECEPTACLES,
-};
+use super::catalog::TaskType;
 use super::expert::expert_plan;
-use super::sim::Sim;
-use super::world::{Agent, Goal, Object, Receptacle, World};
+use super::room::gen_world;
+use super::sim::{Sim, SimError};
+use super::world::World;
 use super::HouseholdEnv;
 use crate::env::panel::{write_panels, PanelError};
-use crate::env::Task;
+use crate::env::{GenerateError, Task};
 
 /// Seed of the committed panels `envs/household/{train,test}.jsonl`.
 pub const DEFAULT_SEED: u64 = 2026;
@@ -34,20 +33,6 @@ pub const DEFAULT_TEST: usize = 64;
 /// from the goal (with the few short tasks from the room's middle this gives
 /// about 40% of tasks of expert length ≤ 3).
 const P_IN_REGION: f64 = 0.4;
-/// Chance that a door starts closed.
-const P_CLOSED: f64 = 0.6;
-/// Chance that a non-light task's room still has a lamp (so "use" is not a
-/// give-away of the task type).
-const P_EXTRA_LAMP: f64 = 0.3;
-const LAMPS: [&str; 2] = ["desklamp", "floorlamp"];
-
-fn lamp_hosts(lamp: &str) -> &'static [&'static str] {
-    if lamp == "desklamp" {
-        &["desk", "dresser", "shelf", "sidetable"]
-    } else {
-        &["armchair", "dresser", "sidetable", "sofa"]
-    }
-}
 
 const SPLIT_TRAIN: u8 = 0;
 const SPLIT_TEST: u8 = 1;
@@ -65,185 +50,47 @@ fn stream(seed: u64, split: u8, tag: u8, index: u64, attempt: u32) -> ChaCha8Rng
     ChaCha8Rng::from_seed(key)
 }
 
-/// A random room for a task of type `tt`, agent in the middle, hands empty.
-/// `None` when a draw hits a dead end (the caller retries with a new stream).
-fn gen_world(rng: &mut ChaCha8Rng, tt: TaskType) -> Option<World> {
-    let look = tt == TaskType::LookAtObjInLight;
-    let treatment = tt.treatment();
-    let appliance = treatment.map(|t| t.appliance());
-    let holds = |r: &ReceptacleKind, c: Category| r.holds.contains(&c);
-
-    let kinds: Vec<&ObjectKind> = OBJECTS
-        .iter()
-        .filter(|k| match k.category {
-            Category::Lamp => false,
-            Category::Small | Category::Soft => treatment.is_none(),
-            _ => !look && treatment.is_none_or(|t| t.applies_to(k)),
-        })
-        .collect();
-    let obj = *kinds.choose(rng)?;
-
-    let (target, lamp) = if look {
-        let lamp = *LAMPS.choose(rng)?;
-        (lamp, Some(lamp))
-    } else {
-        let targets: Vec<&str> = RECEPTACLES
-            .iter()
-            .filter(|r| holds(r, obj.category) && Some(r.name) != appliance)
-            .map(|r| r.name)
-            .collect();
-        let extra_lamp = rng.random_bool(P_EXTRA_LAMP);
-        (
-            *targets.choose(rng)?,
-            extra_lamp.then(|| LAMPS[rng.random_range(0..2)]),
-        )
-    };
-    // Objects never start in the target kind: the task must not be half done.
-    let source_ok = |r: &ReceptacleKind| holds(r, obj.category) && (look || r.name != target);
-    let sources: Vec<&str> = RECEPTACLES
-        .iter()
-        .filter(|r| source_ok(r))
-        .map(|r| r.name)
-        .collect();
-
-    // Room: the kinds the task needs, then random others, drawn uniformly
-    // over the free "slots" (so cabinets and drawers come up often).
-    let mut required = vec![*sources.choose(rng)?];
-    if !look {
-        required.push(target);
-    }
-    required.extend(appliance);
-    if let Some(l) = lamp {
-        required.push(*lamp_hosts(l).choose(rng)?);
-    }
-    let mut count = vec![0usize; RECEPTACLES.len()];
-    for k in required {
-        let i = RECEPTACLES.iter().position(|r| r.name == k)?;
-        count[i] = 1;
-    }
-    let size = rng.random_range(6..=12);
-    while count.iter().sum::<usize>() < size {
-        let slots: Vec<usize> = (0..RECEPTACLES.len())
-            .flat_map(|i| std::iter::repeat_n(i, RECEPTACLES[i].max - count[i]))
-            .collect();
-        count[*slots.choose(rng)?] += 1;
-    }
-    let mut receptacles = Vec::new();
-    for (kind, &n) in RECEPTACLES.iter().zip(&count) {
-        for i in 1..=n {
-            receptacles.push(Receptacle {
-                name: format!("{} {i}", kind.name),
-                open: kind.openable.then(|| !rng.random_bool(P_CLOSED)),
-            });
-        }
-    }
-    let spots = |pred: &dyn Fn(&ReceptacleKind) -> bool| -> Vec<String> {
-        receptacles
-            .iter()
-            .filter(|r| {
-                RECEPTACLES
-                    .iter()
-                    .any(|k| k.name == kind_of(&r.name) && pred(k))
-            })
-            .map(|r| r.name.clone())
-            .collect()
-    };
-
-    let mut objects = Vec::new();
-    let mut numbered: BTreeMap<&str, usize> = BTreeMap::new();
-    // A lamp first, so the light task's object can avoid the lamp's place
-    // (otherwise "go, take, use" makes most light tasks trivially short).
-    let mut lamp_at = None;
-    if let Some(l) = lamp {
-        let hosts = spots(&|k| lamp_hosts(l).contains(&k.name));
-        place(&mut objects, &mut numbered, l, &hosts, rng)?;
-        lamp_at = objects.last().and_then(|o| o.at.clone());
-    }
-    // The goal's objects: one plus 0–2 more of the kind; pick-two gets two
-    // plus 0–1 more (spare copies make its expert shorter).
-    let copies = match tt {
-        TaskType::PickTwoObj => 2 + rng.random_range(0..=1),
-        _ => 1 + rng.random_range(0..=2),
-    };
-    let mut source_spots = spots(&source_ok);
-    if look {
-        source_spots.retain(|s| Some(s) != lamp_at.as_ref());
-    }
-    for _ in 0..copies {
-        place(&mut objects, &mut numbered, obj.name, &source_spots, rng)?;
-    }
-    // Clutter: 2–6 objects of other kinds wherever their class fits.
-    for _ in 0..rng.random_range(2..=6) {
-        let kind = OBJECTS
-            .iter()
-            .filter(|k| k.category != Category::Lamp && k.name != obj.name)
-            .collect::<Vec<_>>()
-            .choose(rng)
-            .map(|k| (k.name, k.category))?;
-        let s = spots(&|r| holds(r, kind.1));
-        if !s.is_empty() && numbered.get(kind.0).copied().unwrap_or(0) < 3 {
-            place(&mut objects, &mut numbered, kind.0, &s, rng)?;
-        }
-    }
-    // Shuffle so the goal object is not always listed first.
-    objects.shuffle(rng);
-
-    let world = World {
-        receptacles,
-        objects,
-        agent: Agent::default(),
-        goal: Goal {
-            task_type: tt,
-            object: obj.name.to_string(),
-            target: target.to_string(),
-        },
-    };
-    let max_index = world
-        .receptacles
-        .iter()
-        .map(|r| &r.name)
-        .chain(world.objects.iter().map(|o| &o.name))
-        .filter_map(|n| n.rsplit(' ').next()?.parse::<usize>().ok())
-        .max()
-        .unwrap_or(0);
-    (world.validate().is_ok() && max_index <= MAX_INDEX).then_some(world)
-}
-
-/// Add the next "<kind> <n>" at a random one of `spots`.
-fn place(
-    objects: &mut Vec<Object>,
-    numbered: &mut BTreeMap<&'static str, usize>,
-    kind: &'static str,
-    spots: &[String],
-    rng: &mut ChaCha8Rng,
-) -> Option<()> {
-    let n = numbered.entry(kind).or_insert(0);
-    *n += 1;
-    objects.push(Object {
-        name: format!("{kind} {n}"),
-        at: Some(spots.choose(rng)?.clone()),
-        ..Object::default()
-    });
-    Some(())
+/// Why an expert plan does not solve its world.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub(crate) enum ExpertError {
+    #[error(transparent)]
+    World(#[from] SimError),
+    #[error("empty plan")]
+    Empty,
+    #[error("step {step}: {action:?} not admissible")]
+    NotAdmissible { step: usize, action: String },
+    #[error("step {step}: {action:?} -> {feedback}")]
+    Invalid {
+        step: usize,
+        action: String,
+        feedback: String,
+    },
+    #[error("step {step}: success flag wrong after {action:?}")]
+    SuccessFlag { step: usize, action: String },
 }
 
 /// Run `plan` from `world`: every step must be admissible when issued and
 /// valid, and the goal must be met after the last step and not before.
-pub(crate) fn check_expert(world: &World, plan: &[String]) -> Result<(), String> {
+pub(crate) fn check_expert(world: &World, plan: &[String]) -> Result<(), ExpertError> {
     let mut sim = Sim::new(world.clone())?;
     if plan.is_empty() {
-        return Err("empty plan".into());
+        return Err(ExpertError::Empty);
     }
-    for (i, action) in plan.iter().enumerate() {
-        if !sim.admissible().contains(action) {
-            return Err(format!("step {i}: {action:?} not admissible"));
+    for (step, a) in plan.iter().enumerate() {
+        let action = a.clone();
+        if !sim.admissible().contains(a) {
+            return Err(ExpertError::NotAdmissible { step, action });
         }
-        let (text, valid) = sim.exec(action);
+        let (feedback, valid) = sim.exec(a);
         if !valid {
-            return Err(format!("step {i}: {action:?} -> {text}"));
+            return Err(ExpertError::Invalid {
+                step,
+                action,
+                feedback,
+            });
         }
-        if sim.satisfied() != (i + 1 == plan.len()) {
-            return Err(format!("step {i}: success flag wrong after {action:?}"));
+        if sim.satisfied() != (step + 1 == plan.len()) {
+            return Err(ExpertError::SuccessFlag { step, action });
         }
     }
     Ok(())
@@ -257,7 +104,7 @@ fn make_task(
     index: u64,
     tt: TaskType,
     taken: &mut BTreeSet<String>,
-) -> (String, World, Vec<String>) {
+) -> Result<(String, World, Vec<String>), GenerateError> {
     for attempt in 0..10_000 {
         let mut rng = stream(seed, split, TAG_TASK, index, attempt);
         let Some(mut world) = gen_world(&mut rng, tt) else {
@@ -291,13 +138,13 @@ fn make_task(
         );
         let key = format!("{goal}\n{}", world_json(&world));
         if taken.insert(key) {
-            return (goal, world, plan);
+            return Ok((goal, world, plan));
         }
     }
-    panic!(
-        "household generator: no valid {} world for index {index}",
-        tt.name()
-    );
+    Err(GenerateError::NoHouseholdWorld {
+        task_type: tt.name(),
+        index,
+    })
 }
 
 fn world_json(world: &World) -> serde_json::Value {
@@ -305,7 +152,12 @@ fn world_json(world: &World) -> serde_json::Value {
     serde_json::to_value(world).expect("household World serializes")
 }
 
-fn panel(seed: u64, split: u8, n: usize, taken: &mut BTreeSet<String>) -> Vec<Task> {
+fn panel(
+    seed: u64,
+    split: u8,
+    n: usize,
+    taken: &mut BTreeSet<String>,
+) -> Result<Vec<Task>, GenerateError> {
     let name = if split == SPLIT_TRAIN {
         "train"
     } else {
@@ -314,37 +166,43 @@ fn panel(seed: u64, split: u8, n: usize, taken: &mut BTreeSet<String>) -> Vec<Ta
     let mut tasks: Vec<Task> = (0..n)
         .map(|i| {
             let tt = TaskType::ALL[i % TaskType::ALL.len()];
-            let (goal, world, expert) = make_task(seed, split, i as u64, tt, taken);
-            Task {
+            let (goal, world, expert) = make_task(seed, split, i as u64, tt, taken)?;
+            Ok(Task {
                 id: String::new(),
                 task_type: tt.name().to_string(),
                 goal,
                 world: world_json(&world),
                 difficulty: expert.len(),
                 expert,
-            }
+            })
         })
-        .collect();
+        .collect::<Result<_, _>>()?;
     tasks.shuffle(&mut stream(seed, split, TAG_SHUFFLE, 0, 0));
     for (i, t) in tasks.iter_mut().enumerate() {
         t.id = format!("household-{name}-{i:04}");
     }
-    tasks
+    Ok(tasks)
 }
 
 /// Generate disjoint train and test panels from `seed` (deterministic).
 /// Task types cycle through all six, so each panel of ≥ 6 tasks has them all.
-pub fn generate_panels(seed: u64, n_train: usize, n_test: usize) -> (Vec<Task>, Vec<Task>) {
+pub fn generate_panels(
+    seed: u64,
+    n_train: usize,
+    n_test: usize,
+) -> Result<(Vec<Task>, Vec<Task>), GenerateError> {
     let mut taken = BTreeSet::new();
-    let train = panel(seed, SPLIT_TRAIN, n_train, &mut taken);
-    let test = panel(seed, SPLIT_TEST, n_test, &mut taken);
-    (train, test)
+    let train = panel(seed, SPLIT_TRAIN, n_train, &mut taken)?;
+    let test = panel(seed, SPLIT_TEST, n_test, &mut taken)?;
+    Ok((train, test))
 }
 
 /// Write the default panels (seed [`DEFAULT_SEED`]) as `dir/train.jsonl`
 /// and `dir/test.jsonl`, creating `dir` if needed.
 pub fn write_default_panels(dir: &Path) -> Result<(), PanelError> {
-    let (train, test) = generate_panels(DEFAULT_SEED, DEFAULT_TRAIN, DEFAULT_TEST);
+    // The committed panels are these: the default sizes always fit.
+    let (train, test) = generate_panels(DEFAULT_SEED, DEFAULT_TRAIN, DEFAULT_TEST)
+        .expect("the default household panels generate");
     write_panels(dir, &train, &test)
 }
 
@@ -371,6 +229,7 @@ mod tests {
     use crate::env::household::{expert_plan, split_words, vocabulary, DEFAULT_MAX_STEPS};
     use crate::env::panel::{read_jsonl, to_jsonl};
     use crate::env::Env;
+    use std::collections::BTreeMap;
 
     fn histogram(tasks: &[Task]) -> BTreeMap<usize, usize> {
         let mut h = BTreeMap::new();
@@ -392,7 +251,7 @@ mod tests {
     #[test]
     fn committed_panels_are_regenerated_byte_for_byte() {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("envs/household");
-        let (train, test) = generate_panels(DEFAULT_SEED, DEFAULT_TRAIN, DEFAULT_TEST);
+        let (train, test) = generate_panels(DEFAULT_SEED, DEFAULT_TRAIN, DEFAULT_TEST).unwrap();
         for (file, tasks) in [("train.jsonl", &train), ("test.jsonl", &test)] {
             let on_disk = std::fs::read_to_string(dir.join(file)).unwrap();
             assert!(
@@ -408,11 +267,11 @@ mod tests {
 
     #[test]
     fn generation_is_deterministic_and_seed_dependent() {
-        let a = generate_panels(7, 24, 12);
-        let b = generate_panels(7, 24, 12);
+        let a = generate_panels(7, 24, 12).unwrap();
+        let b = generate_panels(7, 24, 12).unwrap();
         assert_eq!(a, b);
         assert_eq!(to_jsonl(&a.0), to_jsonl(&b.0));
-        let c = generate_panels(8, 24, 12);
+        let c = generate_panels(8, 24, 12).unwrap();
         assert_ne!(a.0, c.0);
     }
 
@@ -483,7 +342,7 @@ mod tests {
 
     #[test]
     fn other_seeds_also_give_sound_panels() {
-        let (train, test) = generate_panels(11, 120, 30);
+        let (train, test) = generate_panels(11, 120, 30).unwrap();
         check_panel_shape(&train, &test);
         check_experts(&train);
         check_experts(&test);
@@ -547,7 +406,7 @@ mod tests {
     #[test]
     #[ignore]
     fn print_panel_stats() {
-        let (train, test) = generate_panels(DEFAULT_SEED, DEFAULT_TRAIN, DEFAULT_TEST);
+        let (train, test) = generate_panels(DEFAULT_SEED, DEFAULT_TRAIN, DEFAULT_TEST).unwrap();
         println!("train histogram {:?}", histogram(&train));
         let mut by_type: BTreeMap<(String, usize), usize> = BTreeMap::new();
         for t in &train {

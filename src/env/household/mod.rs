@@ -4,8 +4,9 @@
 //! object kinds ([`catalog`]), the serialized world ([`World`]), the rules
 //! engine (commands, feedback, admissible list, goal test, status), the
 //! expert planner ([`expert_plan`]), the seeded panel generator
-//! ([`generate_panels`], [`write_default_panels`]), the env's word list
-//! ([`vocabulary`]) and a random-policy baseline ([`random_policy_success`]).
+//! ([`generate_panels`], [`write_default_panels`]; `room` draws one random
+//! room), the env's word list ([`vocabulary`]) and a random-policy baseline
+//! ([`random_policy_success`]).
 //!
 //! Worlds are complete states, so the panel's short "in-region" tasks are
 //! just worlds captured part-way along an expert trajectory (agent at the
@@ -15,6 +16,7 @@
 mod catalog;
 mod expert;
 mod generate;
+mod room;
 mod sim;
 #[cfg(test)]
 mod tests;
@@ -28,7 +30,7 @@ pub use generate::{
     DEFAULT_TRAIN,
 };
 pub use vocab::{split_words, vocabulary};
-pub use world::{Agent, Goal, Object, Receptacle, World};
+pub use world::{Agent, Goal, Object, Receptacle, World, WorldError};
 
 use super::{Env, EnvError, Observation, Task};
 use sim::Sim;
@@ -73,7 +75,7 @@ impl HouseholdEnv {
         };
         let world: World = serde_json::from_value(task.world.clone())
             .map_err(|e| bad(format!("bad household world: {e}")))?;
-        world.validate().map_err(bad)?;
+        world.validate().map_err(|e| bad(e.to_string()))?;
         Ok(world)
     }
 }
@@ -83,9 +85,9 @@ impl Env for HouseholdEnv {
         // A failed reset leaves no episode behind to step by mistake.
         self.episode = None;
         let world = Self::parse_world(task)?;
-        let sim = Sim::new(world).map_err(|msg| EnvError::BadTask {
+        let sim = Sim::new(world).map_err(|e| EnvError::BadTask {
             task: task.id.clone(),
-            msg,
+            msg: e.to_string(),
         })?;
         let text = sim.intro(&task.goal);
         let admissible = sim.admissible();

@@ -5,7 +5,7 @@
 //! never disagree about what a command does.
 
 use super::catalog::{kind_of, object_kind, TaskType, Treatment};
-use super::world::World;
+use super::world::{World, WorldError};
 
 /// A parsed command; names are still unresolved text.
 #[derive(Debug, PartialEq)]
@@ -82,6 +82,15 @@ pub(crate) fn a_list<S: AsRef<str>>(items: &[S]) -> String {
 
 pub(crate) const NOTHING_HAPPENS: &str = "Nothing happens.";
 
+/// Why a world cannot start an episode.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum SimError {
+    #[error(transparent)]
+    World(#[from] WorldError),
+    #[error("goal already satisfied in the start state")]
+    AlreadySatisfied,
+}
+
 /// World state plus the agent's memory: objects in order of first sighting.
 /// Objects only move when the agent moves them, so where an object was last
 /// seen is always where it is now.
@@ -93,14 +102,14 @@ pub(crate) struct Sim {
 
 impl Sim {
     /// Validate `world` and put the agent in it (it knows what it can see).
-    pub fn new(world: World) -> Result<Sim, String> {
+    pub fn new(world: World) -> Result<Sim, SimError> {
         world.validate()?;
         let mut sim = Sim {
             world,
             seen: Vec::new(),
         };
         if sim.satisfied() {
-            return Err("goal already satisfied in the start state".into());
+            return Err(SimError::AlreadySatisfied);
         }
         if let Some(h) = sim.holding() {
             sim.seen.push(h);

@@ -9,6 +9,49 @@ use super::catalog::{
     kind_of, object_kind, receptacle_kind, split_name, Category, TaskType, Treatment,
 };
 
+/// What is wrong with a household world (the message a bad task shows).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WorldError {
+    #[error("no receptacles")]
+    NoReceptacles,
+    #[error("bad receptacle name {0:?}")]
+    BadReceptacleName(String),
+    #[error("receptacle {0:?}: `open` must be given exactly for openable kinds")]
+    OpenMismatch(String),
+    #[error("duplicate name {0:?}")]
+    DuplicateName(String),
+    #[error("bad object name {0:?}")]
+    BadObjectName(String),
+    #[error("object {object:?} at unknown {at:?}")]
+    UnknownPlace { object: String, at: String },
+    #[error("lamp {lamp:?} inside openable {at:?}")]
+    LampInside { lamp: String, at: String },
+    #[error("object {0:?}: only lamps can be on")]
+    NotALamp(String),
+    #[error("agent.holding must name the one object with no `at`")]
+    Holding,
+    #[error("lamp {0:?} cannot be held")]
+    LampHeld(String),
+    #[error("agent at unknown receptacle {0:?}")]
+    AgentAt(String),
+    #[error("goal object {0:?} is not a takeable kind")]
+    GoalObject(String),
+    #[error("goal lamp {0:?} not in the room")]
+    GoalLamp(String),
+    #[error("goal target {0:?} not in the room")]
+    GoalTarget(String),
+    #[error("{object} cannot be made {adjective}")]
+    Untreatable {
+        object: String,
+        adjective: &'static str,
+    },
+    #[error("no {appliance} to {verb} with")]
+    NoAppliance {
+        appliance: &'static str,
+        verb: &'static str,
+    },
+}
+
 /// A complete household state plus the goal.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -121,84 +164,100 @@ impl World {
 
     /// Check that the world is well-formed and the goal is reachable in
     /// principle (needed kinds exist) and not already met.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), WorldError> {
         let mut names = std::collections::BTreeSet::new();
         if self.receptacles.is_empty() {
-            return Err("no receptacles".into());
+            return Err(WorldError::NoReceptacles);
         }
         for r in &self.receptacles {
             let kind = split_name(&r.name)
                 .and_then(|(k, _)| receptacle_kind(k))
-                .ok_or_else(|| format!("bad receptacle name {:?}", r.name))?;
+                .ok_or_else(|| WorldError::BadReceptacleName(r.name.clone()))?;
             if kind.openable != r.open.is_some() {
-                return Err(format!(
-                    "receptacle {:?}: `open` must be given exactly for openable kinds",
-                    r.name
-                ));
+                return Err(WorldError::OpenMismatch(r.name.clone()));
             }
             if !names.insert(r.name.as_str()) {
-                return Err(format!("duplicate name {:?}", r.name));
+                return Err(WorldError::DuplicateName(r.name.clone()));
             }
         }
         let mut held = Vec::new();
         for o in &self.objects {
             split_name(&o.name)
                 .and_then(|(k, _)| object_kind(k))
-                .ok_or_else(|| format!("bad object name {:?}", o.name))?;
+                .ok_or_else(|| WorldError::BadObjectName(o.name.clone()))?;
             if !names.insert(o.name.as_str()) {
-                return Err(format!("duplicate name {:?}", o.name));
+                return Err(WorldError::DuplicateName(o.name.clone()));
             }
             match &o.at {
                 None => held.push(o.name.as_str()),
-                Some(r) => {
-                    let ri = self
-                        .receptacle(r)
-                        .ok_or_else(|| format!("object {:?} at unknown {:?}", o.name, r))?;
-                    if o.is_lamp() && self.receptacles[ri].open.is_some() {
-                        return Err(format!("lamp {:?} inside openable {:?}", o.name, r));
-                    }
-                }
+                Some(r) => self.validate_place(o, r)?,
             }
             if o.on && !o.is_lamp() {
-                return Err(format!("object {:?}: only lamps can be on", o.name));
+                return Err(WorldError::NotALamp(o.name.clone()));
             }
         }
         if held.len() > 1 || held.first().copied() != self.agent.holding.as_deref() {
-            return Err("agent.holding must name the one object with no `at`".into());
+            return Err(WorldError::Holding);
         }
+        self.validate_agent()?;
+        self.validate_goal()
+    }
+
+    /// Object `o` stands at receptacle `r`.
+    fn validate_place(&self, o: &Object, r: &str) -> Result<(), WorldError> {
+        let ri = self.receptacle(r).ok_or_else(|| WorldError::UnknownPlace {
+            object: o.name.clone(),
+            at: r.to_string(),
+        })?;
+        if o.is_lamp() && self.receptacles[ri].open.is_some() {
+            return Err(WorldError::LampInside {
+                lamp: o.name.clone(),
+                at: r.to_string(),
+            });
+        }
+        Ok(())
+    }
+
+    fn validate_agent(&self) -> Result<(), WorldError> {
         if let Some(h) = &self.agent.holding {
             if self.objects.iter().any(|o| &o.name == h && o.is_lamp()) {
-                return Err(format!("lamp {h:?} cannot be held"));
+                return Err(WorldError::LampHeld(h.clone()));
             }
         }
         if let Some(at) = &self.agent.at {
             if self.receptacle(at).is_none() {
-                return Err(format!("agent at unknown receptacle {at:?}"));
+                return Err(WorldError::AgentAt(at.clone()));
             }
         }
-        self.validate_goal()
+        Ok(())
     }
 
-    fn validate_goal(&self) -> Result<(), String> {
+    fn validate_goal(&self) -> Result<(), WorldError> {
         let g = &self.goal;
         let obj = object_kind(&g.object)
             .filter(|k| k.category != Category::Lamp)
-            .ok_or_else(|| format!("goal object {:?} is not a takeable kind", g.object))?;
+            .ok_or_else(|| WorldError::GoalObject(g.object.clone()))?;
         let kind_present = |kind: &str| self.receptacles.iter().any(|r| kind_of(&r.name) == kind);
         if g.task_type == TaskType::LookAtObjInLight {
             let lamp_ok = object_kind(&g.target).is_some_and(|k| k.category == Category::Lamp);
             if !lamp_ok || !self.objects.iter().any(|o| kind_of(&o.name) == g.target) {
-                return Err(format!("goal lamp {:?} not in the room", g.target));
+                return Err(WorldError::GoalLamp(g.target.clone()));
             }
         } else if receptacle_kind(&g.target).is_none() || !kind_present(&g.target) {
-            return Err(format!("goal target {:?} not in the room", g.target));
+            return Err(WorldError::GoalTarget(g.target.clone()));
         }
         if let Some(t) = g.task_type.treatment() {
             if !t.applies_to(obj) {
-                return Err(format!("{} cannot be made {}", g.object, t.adjective()));
+                return Err(WorldError::Untreatable {
+                    object: g.object.clone(),
+                    adjective: t.adjective(),
+                });
             }
             if !kind_present(t.appliance()) {
-                return Err(format!("no {} to {} with", t.appliance(), t.verb()));
+                return Err(WorldError::NoAppliance {
+                    appliance: t.appliance(),
+                    verb: t.verb(),
+                });
             }
         }
         Ok(())

@@ -285,6 +285,18 @@ pub fn question_text(start: &str, relations: &[Relation]) -> String {
     last.question(&x)
 }
 
+/// A hop of a question's chain that does not apply: its entity has no
+/// fact of the relation.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("hop {hop}: {entity} ({}) has no {} fact", kind.name(), relation.name())]
+pub struct NoFact {
+    /// 1-based.
+    pub hop: usize,
+    pub entity: String,
+    pub kind: Kind,
+    pub relation: Relation,
+}
+
 /// One entity. `facts` are in the order its document states them.
 #[derive(Debug, Clone)]
 pub struct Entity {
@@ -322,10 +334,19 @@ pub fn corpus() -> &'static Corpus {
     CORPUS.get_or_init(Corpus::build)
 }
 
-impl Corpus {
-    fn build() -> Corpus {
-        let mut rng = ChaCha8Rng::seed_from_u64(CORPUS_SEED);
-        let mut entities: Vec<Entity> = Vec::new();
+/// The entities of each kind (indices into the entity list).
+struct Roster {
+    persons: Vec<usize>,
+    companies: Vec<usize>,
+    works: Vec<usize>,
+    cities: Vec<usize>,
+    countries: Vec<usize>,
+}
+
+impl Roster {
+    /// Add every entity, without facts: drawn person, company and work
+    /// names, then the fixed cities and countries.
+    fn draw(rng: &mut ChaCha8Rng, entities: &mut Vec<Entity>) -> Roster {
         let mut add = |names: Vec<String>, kind: Kind| -> Vec<usize> {
             names
                 .into_iter()
@@ -350,15 +371,15 @@ impl Corpus {
             all
         };
         let persons = add(
-            combos(&FIRST_NAMES, &LAST_NAMES, N_PERSONS, &mut rng),
+            combos(&FIRST_NAMES, &LAST_NAMES, N_PERSONS, rng),
             Kind::Person,
         );
         let companies = add(
-            combos(&COMPANY_STEMS, &COMPANY_SUFFIXES, N_COMPANIES, &mut rng),
+            combos(&COMPANY_STEMS, &COMPANY_SUFFIXES, N_COMPANIES, rng),
             Kind::Company,
         );
         let works = add(
-            combos(&WORK_ADJECTIVES, &WORK_NOUNS, N_WORKS, &mut rng),
+            combos(&WORK_ADJECTIVES, &WORK_NOUNS, N_WORKS, rng),
             Kind::Work,
         );
         let cities = add(CITIES.iter().map(|s| s.to_string()).collect(), Kind::City);
@@ -366,87 +387,138 @@ impl Corpus {
             COUNTRIES.iter().map(|s| s.to_string()).collect(),
             Kind::Country,
         );
+        Roster {
+            persons,
+            companies,
+            works,
+            cities,
+            countries,
+        }
+    }
 
-        // Facts. Mayors and founders are distinct people (one office each),
-        // the rest is drawn freely.
-        let mut officials = persons.clone();
-        officials.shuffle(&mut rng);
-        let (mayors, rest) = officials.split_at(cities.len());
-        let founders = &rest[..companies.len()];
-        let pick = |pool: &[usize], not: usize, rng: &mut ChaCha8Rng| loop {
-            // Pools have ≥ 2 members, so this ends.
-            let x = *pool.choose(rng).expect("non-empty pool");
-            if x != not {
-                return x;
-            }
-        };
-        for &p in &persons {
+    /// Every entity's facts. Mayors and founders are distinct people (one
+    /// office each), the rest is drawn freely.
+    fn draw_facts(&self, rng: &mut ChaCha8Rng, entities: &mut [Entity]) {
+        let mut officials = self.persons.clone();
+        officials.shuffle(rng);
+        let (mayors, rest) = officials.split_at(self.cities.len());
+        let founders = &rest[..self.companies.len()];
+        self.person_facts(rng, entities);
+        self.company_facts(rng, entities, founders);
+        self.work_facts(rng, entities);
+        self.city_facts(rng, entities, mayors);
+    }
+
+    fn person_facts(&self, rng: &mut ChaCha8Rng, entities: &mut [Entity]) {
+        let (persons, companies, cities) = (&self.persons, &self.companies, &self.cities);
+        for &p in persons {
             let mut f = vec![
-                (Relation::BornIn, *cities.choose(&mut rng).expect("cities")),
+                (Relation::BornIn, *cities.choose(rng).expect("cities")),
                 (
                     Relation::Employer,
-                    *companies.choose(&mut rng).expect("companies"),
+                    *companies.choose(rng).expect("companies"),
                 ),
             ];
             if rng.random_bool(P_MENTOR) {
-                f.push((Relation::Mentor, pick(&persons, p, &mut rng)));
+                f.push((Relation::Mentor, pick_other(persons, p, rng)));
             }
             entities[p].facts = f;
         }
+    }
+
+    fn company_facts(&self, rng: &mut ChaCha8Rng, entities: &mut [Entity], founders: &[usize]) {
+        let (companies, cities) = (&self.companies, &self.cities);
         for (i, &c) in companies.iter().enumerate() {
             let mut f = vec![
                 (Relation::Founder, founders[i]),
-                (Relation::BasedIn, *cities.choose(&mut rng).expect("cities")),
+                (Relation::BasedIn, *cities.choose(rng).expect("cities")),
             ];
             if rng.random_bool(P_OWNER) {
-                f.push((Relation::Owner, pick(&companies, c, &mut rng)));
+                f.push((Relation::Owner, pick_other(companies, c, rng)));
             }
             entities[c].facts = f;
         }
-        for &w in &works {
+    }
+
+    fn work_facts(&self, rng: &mut ChaCha8Rng, entities: &mut [Entity]) {
+        let (persons, companies, cities) = (&self.persons, &self.companies, &self.cities);
+        for &w in &self.works {
             entities[w].facts = vec![
-                (
-                    Relation::Author,
-                    *persons.choose(&mut rng).expect("persons"),
-                ),
+                (Relation::Author, *persons.choose(rng).expect("persons")),
                 (
                     Relation::Publisher,
-                    *companies.choose(&mut rng).expect("companies"),
+                    *companies.choose(rng).expect("companies"),
                 ),
-                (Relation::Setting, *cities.choose(&mut rng).expect("cities")),
+                (Relation::Setting, *cities.choose(rng).expect("cities")),
             ];
         }
-        for (i, &c) in cities.iter().enumerate() {
+    }
+
+    fn city_facts(&self, rng: &mut ChaCha8Rng, entities: &mut [Entity], mayors: &[usize]) {
+        for (i, &c) in self.cities.iter().enumerate() {
             entities[c].facts = vec![
                 (
                     Relation::Country,
-                    *countries.choose(&mut rng).expect("countries"),
+                    *self.countries.choose(rng).expect("countries"),
                 ),
                 (Relation::Mayor, mayors[i]),
             ];
         }
+    }
+}
+
+/// A random member of `pool` other than `not`.
+fn pick_other(pool: &[usize], not: usize, rng: &mut ChaCha8Rng) -> usize {
+    loop {
+        // Pools have ≥ 2 members, so this ends.
+        let x = *pool.choose(rng).expect("non-empty pool");
+        if x != not {
+            return x;
+        }
+    }
+}
+
+/// Documents for every entity but the countries, in a shuffled order so
+/// ids do not reveal the kind; links each entity to its document.
+fn draw_docs(rng: &mut ChaCha8Rng, entities: &mut [Entity]) -> Vec<Doc> {
+    let mut with_doc: Vec<usize> = (0..entities.len())
+        .filter(|&e| entities[e].kind != Kind::Country)
+        .collect();
+    with_doc.shuffle(rng);
+    let docs: Vec<Doc> = with_doc
+        .iter()
+        .enumerate()
+        .map(|(i, &e)| Doc {
+            id: format!("d{i:03}"),
+            entity: e,
+        })
+        .collect();
+    for (i, d) in docs.iter().enumerate() {
+        entities[d.entity].doc = Some(i);
+    }
+    docs
+}
+
+impl Corpus {
+    /// The corpus from [`CORPUS_SEED`]. The steps draw from one stream in
+    /// a fixed order (names, officials, facts, fact order, document order):
+    /// changing that order changes the corpus, so bump [`CORPUS_ID`] with it.
+    fn build() -> Corpus {
+        let mut rng = ChaCha8Rng::seed_from_u64(CORPUS_SEED);
+        let mut entities: Vec<Entity> = Vec::new();
+        let roster = Roster::draw(&mut rng, &mut entities);
+        roster.draw_facts(&mut rng, &mut entities);
         // Vary the fact order, so the first sentence (the search snippet)
         // is not always the same relation.
         for e in entities.iter_mut() {
             e.facts.shuffle(&mut rng);
         }
+        let docs = draw_docs(&mut rng, &mut entities);
+        Corpus::assemble(entities, docs)
+    }
 
-        // Documents in a shuffled order, so ids do not reveal the kind.
-        let mut with_doc: Vec<usize> = (0..entities.len())
-            .filter(|&e| entities[e].kind != Kind::Country)
-            .collect();
-        with_doc.shuffle(&mut rng);
-        let docs: Vec<Doc> = with_doc
-            .iter()
-            .enumerate()
-            .map(|(i, &e)| Doc {
-                id: format!("d{i:03}"),
-                entity: e,
-            })
-            .collect();
-        for (i, d) in docs.iter().enumerate() {
-            entities[d.entity].doc = Some(i);
-        }
+    /// The lookup tables and the search index over drawn entities and docs.
+    fn assemble(entities: Vec<Entity>, docs: Vec<Doc>) -> Corpus {
         let by_name = entities
             .iter()
             .enumerate()
@@ -534,19 +606,18 @@ impl Corpus {
 
     /// Follow `relations` from `start`: the entities visited, start first.
     /// `Err` names the first hop that does not apply.
-    pub fn follow(&self, start: usize, relations: &[Relation]) -> Result<Vec<usize>, String> {
+    pub fn follow(&self, start: usize, relations: &[Relation]) -> Result<Vec<usize>, NoFact> {
         let mut path = vec![start];
         for (i, &r) in relations.iter().enumerate() {
             let cur = *path.last().expect("path starts non-empty");
             let e = &self.entities[cur];
             let Some(&(_, o)) = e.facts.iter().find(|(fr, _)| *fr == r) else {
-                return Err(format!(
-                    "hop {}: {} ({}) has no {} fact",
-                    i + 1,
-                    e.name,
-                    e.kind.name(),
-                    r.name()
-                ));
+                return Err(NoFact {
+                    hop: i + 1,
+                    entity: e.name.clone(),
+                    kind: e.kind,
+                    relation: r,
+                });
             };
             path.push(o);
         }

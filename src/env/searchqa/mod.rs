@@ -57,7 +57,7 @@ mod tests;
 mod vocab;
 
 pub use answer::{exact_match, f1, normalize_answer};
-pub use corpus::{question_text, Kind, Relation, CORPUS_ID, CORPUS_SEED};
+pub use corpus::{question_text, Kind, NoFact, Relation, CORPUS_ID, CORPUS_SEED};
 pub use generate::{
     expert_actions, generate_panels, random_policy_success, write_default_panels, DEFAULT_SEED,
     DEFAULT_TEST, DEFAULT_TRAIN, MAX_HOPS,
@@ -76,6 +76,23 @@ pub const TOP_K: usize = 3;
 /// Cap on the entity names offered for `search[...]` and `answer[...]`
 /// (question entity + a document's title and up to 3 facts fit).
 const MAX_CANDIDATES: usize = 6;
+
+/// What is wrong with a searchqa world (the message a bad task shows).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WorldError {
+    #[error("world is for corpus {0:?}, this build has {CORPUS_ID:?}")]
+    Corpus(String),
+    #[error("empty question")]
+    EmptyQuestion,
+    #[error("no relations: a question needs at least one hop")]
+    NoRelations,
+    #[error("unknown start entity {0:?}")]
+    UnknownStart(String),
+    #[error(transparent)]
+    NoFact(#[from] NoFact),
+    #[error("answer {answer:?} does not match the chain's answer {gold:?}")]
+    WrongAnswer { answer: String, gold: String },
+}
 
 /// A task's world: what reset needs, checked against the corpus.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -97,30 +114,27 @@ pub struct World {
 impl World {
     /// Check the world against the corpus; the entities along the chain,
     /// start first, answer last.
-    pub fn validate(&self) -> Result<Vec<usize>, String> {
+    pub fn validate(&self) -> Result<Vec<usize>, WorldError> {
         let c = corpus();
         if self.corpus != CORPUS_ID {
-            return Err(format!(
-                "world is for corpus {:?}, this build has {CORPUS_ID:?}",
-                self.corpus
-            ));
+            return Err(WorldError::Corpus(self.corpus.clone()));
         }
         if self.question.trim().is_empty() {
-            return Err("empty question".into());
+            return Err(WorldError::EmptyQuestion);
         }
         if self.relations.is_empty() {
-            return Err("no relations: a question needs at least one hop".into());
+            return Err(WorldError::NoRelations);
         }
         let start = c
             .entity_named(&self.start)
-            .ok_or_else(|| format!("unknown start entity {:?}", self.start))?;
+            .ok_or_else(|| WorldError::UnknownStart(self.start.clone()))?;
         let path = c.follow(start, &self.relations)?;
         let gold = c.name(*path.last().expect("path is non-empty"));
         if gold != self.answer {
-            return Err(format!(
-                "answer {:?} does not match the chain's answer {gold:?}",
-                self.answer
-            ));
+            return Err(WorldError::WrongAnswer {
+                answer: self.answer.clone(),
+                gold: gold.to_string(),
+            });
         }
         Ok(path)
     }

@@ -28,7 +28,7 @@ use super::sim::{BUY, NEXT};
 use super::world::{Goal, World};
 use super::ShopEnv;
 use crate::env::panel::{write_panels, PanelError};
-use crate::env::{Env, Task};
+use crate::env::{Env, EnvError, GenerateError, Task};
 
 /// Seed of the committed panels `envs/shop/{train,test}.jsonl`.
 pub const DEFAULT_SEED: u64 = 2026;
@@ -275,25 +275,45 @@ fn queries(rng: &mut ChaCha8Rng, goal: &Goal) -> Vec<String> {
     out
 }
 
+/// Why an expert does not solve its task.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ExpertError {
+    #[error(transparent)]
+    Env(#[from] EnvError),
+    #[error("step {step}: {action:?} not admissible")]
+    NotAdmissible { step: usize, action: String },
+    #[error("step {step}: {action:?} invalid")]
+    Invalid { step: usize, action: String },
+    #[error("step {step}: success {success} reward {reward}")]
+    Outcome {
+        step: usize,
+        success: bool,
+        reward: f32,
+    },
+}
+
 /// Run the expert through the env: every action admissible and valid,
 /// success (reward 1.0) exactly at the last one.
-pub(crate) fn check_expert(task: &Task) -> Result<(), String> {
+pub(crate) fn check_expert(task: &Task) -> Result<(), ExpertError> {
     let mut env = ShopEnv::new(task.expert.len().max(1));
-    let mut obs = env.reset(task).map_err(|e| e.to_string())?;
-    for (i, a) in task.expert.iter().enumerate() {
+    let mut obs = env.reset(task)?;
+    for (step, a) in task.expert.iter().enumerate() {
         if !obs.admissible.contains(a) {
-            return Err(format!("step {i}: {a:?} not admissible"));
+            let action = a.clone();
+            return Err(ExpertError::NotAdmissible { step, action });
         }
-        obs = env.step(a).map_err(|e| e.to_string())?;
+        obs = env.step(a)?;
         if !obs.valid {
-            return Err(format!("step {i}: {a:?} invalid"));
+            let action = a.clone();
+            return Err(ExpertError::Invalid { step, action });
         }
-        let last = i + 1 == task.expert.len();
+        let last = step + 1 == task.expert.len();
         if obs.success != last || (last && obs.reward != 1.0) {
-            return Err(format!(
-                "step {i}: success {} reward {}",
-                obs.success, obs.reward
-            ));
+            return Err(ExpertError::Outcome {
+                step,
+                success: obs.success,
+                reward: obs.reward,
+            });
         }
     }
     Ok(())
@@ -305,7 +325,13 @@ fn world_json(world: &World) -> serde_json::Value {
 }
 
 /// Task `index` of a split; `taken` holds the split's earlier goal keys.
-fn make_task(seed: u64, split: u8, name: &str, index: usize, taken: &mut BTreeSet<String>) -> Task {
+fn make_task(
+    seed: u64,
+    split: u8,
+    name: &'static str,
+    index: usize,
+    taken: &mut BTreeSet<String>,
+) -> Result<Task, GenerateError> {
     let mut want = stream(seed, split, TAG_WANT, index as u64, 0);
     let u: f64 = want.random();
     let want_page = if u < PAGE_WEIGHTS[0] {
@@ -348,13 +374,13 @@ fn make_task(seed: u64, split: u8, name: &str, index: usize, taken: &mut BTreeSe
         };
         if check_expert(&task).is_ok() {
             taken.insert(world.goal.key());
-            return task;
+            return Ok(task);
         }
     }
-    panic!("shop generator: no valid goal for {name} task {index}");
+    Err(GenerateError::NoShopGoal { split: name, index })
 }
 
-fn panel(seed: u64, split: u8, n: usize) -> Vec<Task> {
+fn panel(seed: u64, split: u8, n: usize) -> Result<Vec<Task>, GenerateError> {
     let name = if split == SPLIT_TRAIN {
         "train"
     } else {
@@ -368,17 +394,23 @@ fn panel(seed: u64, split: u8, n: usize) -> Vec<Task> {
 
 /// Generate disjoint train and test panels from `seed` (deterministic; the
 /// catalog is the same for every seed).
-pub fn generate_panels(seed: u64, n_train: usize, n_test: usize) -> (Vec<Task>, Vec<Task>) {
-    (
-        panel(seed, SPLIT_TRAIN, n_train),
-        panel(seed, SPLIT_TEST, n_test),
-    )
+pub fn generate_panels(
+    seed: u64,
+    n_train: usize,
+    n_test: usize,
+) -> Result<(Vec<Task>, Vec<Task>), GenerateError> {
+    Ok((
+        panel(seed, SPLIT_TRAIN, n_train)?,
+        panel(seed, SPLIT_TEST, n_test)?,
+    ))
 }
 
 /// Write the default panels (seed [`DEFAULT_SEED`]) as `dir/train.jsonl`
 /// and `dir/test.jsonl`, creating `dir` if needed.
 pub fn write_default_panels(dir: &Path) -> Result<(), PanelError> {
-    let (train, test) = generate_panels(DEFAULT_SEED, DEFAULT_TRAIN, DEFAULT_TEST);
+    // The committed panels are these: the default sizes always fit.
+    let (train, test) = generate_panels(DEFAULT_SEED, DEFAULT_TRAIN, DEFAULT_TEST)
+        .expect("the default shop panels generate");
     write_panels(dir, &train, &test)
 }
 
@@ -423,7 +455,7 @@ mod tests {
 
     #[test]
     fn committed_panels_are_regenerated_byte_for_byte() {
-        let (train, test) = generate_panels(DEFAULT_SEED, DEFAULT_TRAIN, DEFAULT_TEST);
+        let (train, test) = generate_panels(DEFAULT_SEED, DEFAULT_TRAIN, DEFAULT_TEST).unwrap();
         for (file, tasks) in [("train.jsonl", &train), ("test.jsonl", &test)] {
             let on_disk = std::fs::read_to_string(dir().join(file)).unwrap();
             assert!(
@@ -441,16 +473,16 @@ mod tests {
 
     #[test]
     fn generation_is_deterministic_prefix_stable_and_seed_dependent() {
-        let a = generate_panels(7, 40, 12);
-        let b = generate_panels(7, 40, 12);
+        let a = generate_panels(7, 40, 12).unwrap();
+        let b = generate_panels(7, 40, 12).unwrap();
         assert_eq!(to_jsonl(&a.0), to_jsonl(&b.0));
         assert_eq!(to_jsonl(&a.1), to_jsonl(&b.1));
         // A task is the same whatever the panel sizes: its goal and cap
         // come from (seed, split, index) and its split's earlier goals.
-        let small = generate_panels(7, 10, 3);
+        let small = generate_panels(7, 10, 3).unwrap();
         assert_eq!(small.0[..], a.0[..10]);
         assert_eq!(small.1[..], a.1[..3]);
-        let c = generate_panels(8, 40, 12);
+        let c = generate_panels(8, 40, 12).unwrap();
         assert_ne!(a.0, c.0);
     }
 
@@ -531,7 +563,7 @@ mod tests {
 
     #[test]
     fn other_seeds_also_give_sound_panels() {
-        let (train, test) = generate_panels(11, 120, 30);
+        let (train, test) = generate_panels(11, 120, 30).unwrap();
         check_panel_shape(&train, &test);
         check_experts(&train);
         check_experts(&test);
@@ -614,7 +646,7 @@ mod tests {
     #[test]
     #[ignore]
     fn print_panel_stats() {
-        let (train, test) = generate_panels(DEFAULT_SEED, DEFAULT_TRAIN, DEFAULT_TEST);
+        let (train, test) = generate_panels(DEFAULT_SEED, DEFAULT_TRAIN, DEFAULT_TEST).unwrap();
         println!("train histogram {:?}", histogram(&train));
         println!("test histogram {:?}", histogram(&test));
         let vocab = vocabulary();

@@ -30,7 +30,7 @@ pub use generate::{
     DEFAULT_TEST, DEFAULT_TRAIN,
 };
 pub use vocab::vocabulary;
-pub use world::{r_type, reward, Goal, World};
+pub use world::{r_type, reward, Goal, World, WorldError};
 
 use super::{Env, EnvError, Observation, Task};
 use sim::Sim;

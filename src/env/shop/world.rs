@@ -139,6 +139,50 @@ pub fn reward(goal: &Goal, bought: &Product, chosen: &BTreeMap<String, String>) 
     rt * (n_attr + n_opt + n_price) as f64 / total as f64
 }
 
+/// What is wrong with a shop world (the message a bad task shows).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WorldError {
+    #[error("unknown catalog {0:?} (this build has {CATALOG_ID:?})")]
+    Catalog(String),
+    #[error("unknown product type {0:?}")]
+    ProductType(String),
+    #[error("goal has no attributes")]
+    NoAttributes,
+    #[error("{attribute:?} is not a {product} attribute")]
+    Attribute {
+        attribute: String,
+        product: &'static str,
+    },
+    #[error("attribute {0:?} repeated")]
+    RepeatedAttribute(String),
+    #[error("{kind:?} is not a {product} option")]
+    OptionKind { kind: String, product: &'static str },
+    #[error("{value:?} is not a {product} {kind}")]
+    OptionValue {
+        value: String,
+        kind: String,
+        product: &'static str,
+    },
+    #[error("price cap {0} outside 1..={MAX_CAP}")]
+    PriceCap(u32),
+    #[error("target {target} outside the catalog (0..{products})")]
+    TargetOutside { target: usize, products: usize },
+    #[error("target {target} ({title}) does not satisfy the goal")]
+    TargetMisses { target: usize, title: String },
+    #[error("{0} queries (need 1..={MAX_QUERIES})")]
+    QueryCount(usize),
+    #[error("query {0:?} must be lower-case words separated by single spaces")]
+    QueryForm(String),
+    #[error("query {query:?}: word {word:?} is not in the catalog")]
+    QueryWord { query: String, word: String },
+    #[error("query {0:?} repeated")]
+    RepeatedQuery(String),
+    #[error("the goal's query {0:?} is not offered")]
+    OwnQueryMissing(String),
+    #[error("target {target} is not among the results of {query:?}")]
+    TargetNotFound { target: usize, query: String },
+}
+
 /// A shop task's world: everything reset needs besides the catalog.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -156,85 +200,103 @@ pub struct World {
 
 impl World {
     /// Check the world against the catalog; the error says what is wrong.
-    pub fn validate(&self) -> Result<(), String> {
-        let cat = catalog();
+    pub fn validate(&self) -> Result<(), WorldError> {
         if self.catalog != CATALOG_ID {
-            return Err(format!(
-                "unknown catalog {:?} (this build has {CATALOG_ID:?})",
-                self.catalog
-            ));
+            return Err(WorldError::Catalog(self.catalog.clone()));
         }
+        self.validate_goal()?;
+        let cat = catalog();
         let g = &self.goal;
-        let ty = product_type(&g.product)
-            .ok_or_else(|| format!("unknown product type {:?}", g.product))?;
+        let target = cat
+            .products
+            .get(self.target)
+            .ok_or(WorldError::TargetOutside {
+                target: self.target,
+                products: cat.products.len(),
+            })?;
+        if !g.satisfied_by(target) {
+            return Err(WorldError::TargetMisses {
+                target: self.target,
+                title: target.title.clone(),
+            });
+        }
+        self.validate_queries()
+    }
+
+    /// The goal against its product type's attributes and options, and the
+    /// price cap.
+    fn validate_goal(&self) -> Result<(), WorldError> {
+        let g = &self.goal;
+        let ty =
+            product_type(&g.product).ok_or_else(|| WorldError::ProductType(g.product.clone()))?;
         if g.attributes.is_empty() {
-            return Err("goal has no attributes".into());
+            return Err(WorldError::NoAttributes);
         }
         let mut seen = BTreeSet::new();
         for a in &g.attributes {
             if !ty.attributes.contains(&a.as_str()) {
-                return Err(format!("{a:?} is not a {} attribute", ty.name));
+                return Err(WorldError::Attribute {
+                    attribute: a.clone(),
+                    product: ty.name,
+                });
             }
             if !seen.insert(a) {
-                return Err(format!("attribute {a:?} repeated"));
+                return Err(WorldError::RepeatedAttribute(a.clone()));
             }
         }
         for (kind, value) in &g.options {
-            let k = ty
-                .options
-                .iter()
-                .find(|k| k.name == kind)
-                .ok_or_else(|| format!("{kind:?} is not a {} option", ty.name))?;
+            let k = ty.options.iter().find(|k| k.name == kind).ok_or_else(|| {
+                WorldError::OptionKind {
+                    kind: kind.clone(),
+                    product: ty.name,
+                }
+            })?;
             if !k.values.contains(&value.as_str()) {
-                return Err(format!("{value:?} is not a {} {kind}", ty.name));
+                return Err(WorldError::OptionValue {
+                    value: value.clone(),
+                    kind: kind.clone(),
+                    product: ty.name,
+                });
             }
         }
         if g.price_cap == 0 || g.price_cap > MAX_CAP {
-            return Err(format!("price cap {} outside 1..={MAX_CAP}", g.price_cap));
+            return Err(WorldError::PriceCap(g.price_cap));
         }
-        let target = cat.products.get(self.target).ok_or_else(|| {
-            format!(
-                "target {} outside the catalog (0..{})",
-                self.target,
-                cat.products.len()
-            )
-        })?;
-        if !g.satisfied_by(target) {
-            return Err(format!(
-                "target {} ({}) does not satisfy the goal",
-                self.target, target.title
-            ));
-        }
+        Ok(())
+    }
+
+    /// The offered queries: well-formed, known words, no repeats, the
+    /// goal's own among them and finding the target.
+    fn validate_queries(&self) -> Result<(), WorldError> {
+        let cat = catalog();
         if self.queries.is_empty() || self.queries.len() > MAX_QUERIES {
-            return Err(format!(
-                "{} queries (need 1..={MAX_QUERIES})",
-                self.queries.len()
-            ));
+            return Err(WorldError::QueryCount(self.queries.len()));
         }
         let mut seen = BTreeSet::new();
         for q in &self.queries {
             let words: Vec<&str> = q.split(' ').collect();
             if q.is_empty() || words.iter().any(|w| !word_set(w).contains(*w)) {
-                return Err(format!(
-                    "query {q:?} must be lower-case words separated by single spaces"
-                ));
+                return Err(WorldError::QueryForm(q.clone()));
             }
             if let Some(w) = words.iter().find(|w| !cat.knows_token(w)) {
-                return Err(format!("query {q:?}: word {w:?} is not in the catalog"));
+                return Err(WorldError::QueryWord {
+                    query: q.clone(),
+                    word: w.to_string(),
+                });
             }
             if !seen.insert(q) {
-                return Err(format!("query {q:?} repeated"));
+                return Err(WorldError::RepeatedQuery(q.clone()));
             }
         }
-        let own = g.query();
+        let own = self.goal.query();
         if !self.queries.contains(&own) {
-            return Err(format!("the goal's query {own:?} is not offered"));
+            return Err(WorldError::OwnQueryMissing(own));
         }
         if !cat.search(&own).contains(&self.target) {
-            return Err(format!(
-                "target {} is not among the results of {own:?}",
-                self.target
-            ));
+            return Err(WorldError::TargetNotFound {
+                target: self.target,
+                query: own,
+            });
         }
         Ok(())
     }

@@ -1,0 +1,120 @@
+//! How a run builds its env from the experiment's settings: [`EnvSpec`]
+//! (which env, connection limits, success threshold), [`make_env`] for one
+//! episode, the step limit enforced on external envs, and [`fill_experts`]
+//! for panels whose expert actions the env itself supplies.
+
+use super::{external, BuiltinEnv, Env, EnvError, Observation, Task};
+
+/// Which env a run talks to, with what it needs to reach it (the
+/// experiment file's `env.kind` is an [`super::EnvKindName`]; the section's
+/// other keys fill in the rest).
+#[derive(Debug, Clone, PartialEq)]
+pub enum EnvKind {
+    Builtin(BuiltinEnv),
+    /// AgentGym env server at `url`; its id field (`id` or `env_idx`).
+    Http {
+        url: String,
+        id_field: String,
+    },
+    /// A program speaking `envs/PROTOCOL.md` on stdin/stdout.
+    Subprocess {
+        command: Vec<String>,
+    },
+}
+
+/// An env kind with its connection limits.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EnvSpec {
+    pub kind: EnvKind,
+    pub limits: external::Limits,
+    /// A done step with at least this reward counts as a success (external
+    /// envs that do not say).
+    pub success_reward: f64,
+}
+
+impl EnvSpec {
+    pub fn builtin(kind: BuiltinEnv) -> Self {
+        EnvSpec {
+            kind: EnvKind::Builtin(kind),
+            limits: external::Limits::default(),
+            success_reward: 1.0,
+        }
+    }
+}
+
+/// A fresh env for one episode that ends after `max_steps` steps.
+pub fn make_env(spec: &EnvSpec, max_steps: usize) -> Box<dyn Env> {
+    match &spec.kind {
+        EnvKind::Builtin(k) => k.env(max_steps),
+        EnvKind::Http { url, id_field } => Box::new(StepLimit::new(
+            external::http::HttpEnv::new(url, id_field, spec.limits, spec.success_reward),
+            max_steps,
+        )),
+        EnvKind::Subprocess { command } => Box::new(StepLimit::new(
+            external::subprocess::SubprocessEnv::new(
+                command.clone(),
+                spec.limits,
+                spec.success_reward,
+            ),
+            max_steps,
+        )),
+    }
+}
+
+/// Fill in missing expert actions of a subprocess env's tasks by asking
+/// the env (`expert` request); http servers have no such request, so
+/// their panels must carry them.
+pub fn fill_experts(spec: &EnvSpec, tasks: &mut [Task]) -> Result<usize, EnvError> {
+    let EnvKind::Subprocess { command } = &spec.kind else {
+        return Ok(0);
+    };
+    let mut env =
+        external::subprocess::SubprocessEnv::new(command.clone(), spec.limits, spec.success_reward);
+    let mut n = 0;
+    for t in tasks.iter_mut().filter(|t| t.expert.is_empty()) {
+        t.expert = env.expert(t)?;
+        if t.difficulty == 0 {
+            t.difficulty = t.expert.len();
+        }
+        n += 1;
+    }
+    Ok(n)
+}
+
+/// An external env's step limit, enforced on our side (the server may
+/// have its own).
+struct StepLimit<E> {
+    inner: E,
+    limit: usize,
+    steps: usize,
+}
+
+impl<E> StepLimit<E> {
+    fn new(inner: E, limit: usize) -> Self {
+        StepLimit {
+            inner,
+            limit: limit.max(1),
+            steps: 0,
+        }
+    }
+}
+
+impl<E: Env> Env for StepLimit<E> {
+    fn reset(&mut self, task: &Task) -> Result<Observation, EnvError> {
+        self.steps = 0;
+        self.inner.reset(task)
+    }
+
+    fn step(&mut self, action: &str) -> Result<Observation, EnvError> {
+        self.steps += 1;
+        let mut o = self.inner.step(action)?;
+        if self.steps >= self.limit {
+            o.done = true;
+        }
+        Ok(o)
+    }
+
+    fn status(&self) -> String {
+        self.inner.status()
+    }
+}
