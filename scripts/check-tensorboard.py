@@ -6,7 +6,7 @@
     /tmp/tb/bin/python scripts/check-tensorboard.py RUN_DIR   # any event dir
 
 Without an argument it has the `sample_for_tensorboard` unit test
-(src/report/tensorboard.rs) write a sample into a temp dir and checks every
+(src/rundir/tensorboard.rs) write a sample into a temp dir and checks every
 tag, step and value TensorBoard reads back. With a directory it only lists
 what TensorBoard finds there. Not run by CI (needs the tensorboard package).
 Exit 1 on any mismatch.
@@ -43,7 +43,7 @@ def main():
     with tempfile.TemporaryDirectory() as d:
         env = dict(os.environ, ACTGUIDE_TB_SAMPLE_DIR=d)
         subprocess.run(
-            ["cargo", "test", "-q", "--lib", "report::tensorboard::tests::sample_for_tensorboard"],
+            ["cargo", "test", "-q", "--lib", "rundir::tensorboard::tests::sample_for_tensorboard"],
             cwd=root, env=env, check=True, stdout=subprocess.DEVNULL,
         )
         files = sorted(os.listdir(d))

@@ -16,6 +16,8 @@
 //! - [`rollout`]: prompts, action projection, the episode runner;
 //! - [`train`]: advantages, PPO/GRPO losses, AdamW, schedules, checkpoints;
 //! - [`experiment`]: experiment files, the run loop, metrics, evaluation;
+//! - [`rundir`]: the run directory's layout and files (metrics and eval
+//!   logs as typed records, checkpoints, TensorBoard events);
 //! - [`bench`]: throughput measurement;
 //! - [`bench_model`]: raw decode / train throughput of a model.
 
@@ -27,6 +29,7 @@ pub mod guidance;
 pub mod model;
 pub mod report;
 pub mod rollout;
+pub mod rundir;
 pub mod script;
 pub mod seed;
 pub mod tiny;

@@ -739,28 +739,29 @@ fn event_printer(steps: usize, plain: bool) -> (Option<ProgressBar>, impl FnMut(
             );
         }
         Event::Step { step, metrics: m } => {
-            let t = &m["time"];
+            let t = &m.time;
+            let z = |x: Option<f64>| x.unwrap_or(0.0);
             match &bar {
                 Some(b) => {
                     b.set_position(step as u64 + 1);
                     // Short enough for one terminal line.
                     b.set_message(format!(
                         "success {:.2} | depth {:.2} | {:.1}s/step",
-                        m["success"].as_f64().unwrap_or(0.0),
-                        m["depth_mean"].as_f64().unwrap_or(0.0),
-                        t["step_s"].as_f64().unwrap_or(0.0),
+                        z(m.batch.success),
+                        z(m.depth_mean),
+                        z(t.step_s),
                     ));
                 }
                 None => {
                     let msg = format!(
                         "train success {:.2} | guided {:.2} depth {:.2} | zero-std {:.2} | {:.1}s/step | {:.0} rollout tok/s {:.0} train tok/s",
-                        m["success"].as_f64().unwrap_or(0.0),
-                        m["guided_frac"].as_f64().unwrap_or(0.0),
-                        m["depth_mean"].as_f64().unwrap_or(0.0),
-                        m["frac_zero_std"].as_f64().unwrap_or(0.0),
-                        t["step_s"].as_f64().unwrap_or(0.0),
-                        t["rollout_tokens_per_s"].as_f64().unwrap_or(0.0),
-                        t["train_tokens_per_s"].as_f64().unwrap_or(0.0),
+                        z(m.batch.success),
+                        z(m.guided_frac),
+                        z(m.depth_mean),
+                        z(m.frac_zero_std),
+                        z(t.step_s),
+                        z(t.rollout_tokens_per_s),
+                        z(t.train_tokens_per_s),
                     );
                     eprintln!("step {:>4}/{steps} | {msg}", step + 1);
                 }
@@ -770,9 +771,9 @@ fn event_printer(steps: usize, plain: bool) -> (Option<ProgressBar>, impl FnMut(
             &bar,
             format!(
                 "eval @ step {step}: {} success {:.3} (by cluster {})",
-                result["panel"].as_str().unwrap_or("test"),
-                result["success"].as_f64().unwrap_or(0.0),
-                result["success_by_cluster"]
+                result.panel.as_deref().unwrap_or("test"),
+                result.result.success.unwrap_or(0.0),
+                serde_json::json!(result.result.success_by_cluster)
             ),
         ),
         Event::ScriptError(e) => say(&bar, format!("script error (kept going): {e}")),

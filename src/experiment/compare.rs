@@ -7,7 +7,11 @@ use std::path::{Path, PathBuf};
 use serde_json::json;
 
 use crate::experiment::config::Comparison;
-use crate::experiment::run::{fresh_dir, run, Event, RunError, RunOptions, RunSummary};
+use crate::experiment::run::{run, Event, RunError, RunOptions, RunSummary};
+use crate::rundir::{fresh_dir, write_atomic};
+
+/// The manifest of a comparison directory.
+const COMPARISON_FILE: &str = "comparison.json";
 
 /// What a finished comparison produced.
 #[derive(Debug, Clone)]
@@ -27,15 +31,12 @@ pub fn run_comparison(
     stop_after: Option<usize>,
     on_event: &mut dyn FnMut(Event),
 ) -> Result<ComparisonSummary, RunError> {
-    let dir = fresh_dir(&Path::new(&cmp.runs_dir).join(&cmp.name), "comparison.json");
-    std::fs::create_dir_all(&dir).map_err(|e| RunError::Io {
-        path: dir.display().to_string(),
-        msg: e.to_string(),
-    })?;
+    let dir = fresh_dir(&Path::new(&cmp.runs_dir).join(&cmp.name), COMPARISON_FILE);
+    std::fs::create_dir_all(&dir).map_err(RunError::io(&dir))?;
     let names: Vec<&str> = cmp.runs.iter().map(|e| e.name.as_str()).collect();
     let manifest = json!({ "name": cmp.name, "runs": names });
-    crate::train::checkpoint::write_atomic(
-        &dir.join("comparison.json"),
+    write_atomic(
+        &dir.join(COMPARISON_FILE),
         serde_json::to_string_pretty(&manifest)
             .unwrap_or_default()
             .as_bytes(),
@@ -56,9 +57,9 @@ pub fn run_comparison(
         dirs.extend(runs.last().map(|r| r.run_dir.clone()));
     }
     let out = dir.join("report");
-    crate::report::write_report(&dirs, &out).map_err(|e| RunError::Io {
-        path: out.display().to_string(),
-        msg: e.to_string(),
+    crate::report::write_report(&dirs, &out).map_err(|source| RunError::Report {
+        out: out.clone(),
+        source,
     })?;
     Ok(ComparisonSummary {
         dir,

@@ -12,6 +12,7 @@ use crate::experiment::metrics::success_breakdown;
 use crate::guidance::{Clusters, ResolvedSpec};
 use crate::model::{Policy, Tok};
 use crate::rollout::{self, EpisodeRequest, RolloutError, RolloutOptions, RolloutStats};
+use crate::rundir::SuccessBreakdown;
 
 /// What to evaluate on.
 #[derive(Debug, Clone, Copy)]
@@ -28,7 +29,7 @@ pub struct EvalSet<'a> {
 /// order of [`EvalSet::tasks`]).
 #[derive(Debug, Clone)]
 pub struct EvalResult {
-    pub breakdown: Value,
+    pub breakdown: SuccessBreakdown,
     pub stats: RolloutStats,
     pub successes: Vec<usize>,
 }
@@ -174,34 +175,28 @@ pub fn load_run(path: &std::path::Path) -> Result<RunModels, crate::experiment::
     use crate::env::panel;
     use crate::experiment::config::Experiment;
     use crate::experiment::RunError;
-    use crate::train::checkpoint;
+    use crate::rundir::checkpoint::{self, STATE_FILE};
+    use crate::rundir::{RunDir, EXPERIMENT_FILE};
     use candle_core::Device;
     use std::path::Path;
 
-    let io = |p: &Path, e: String| RunError::Io {
-        path: p.display().to_string(),
-        msg: e,
-    };
     let device = Device::Cpu;
-    let (run_dir, loaded) = if path.join("experiment.json").exists() {
+    let (run_dir, loaded) = if path.join(EXPERIMENT_FILE).exists() {
         (path.to_path_buf(), checkpoint::load_latest(path, &device)?)
-    } else if path.join("state.json").exists() {
-        let run = path.parent().and_then(Path::parent).ok_or_else(|| {
-            io(
-                path,
-                "a checkpoint directory lies in <run>/checkpoints/".into(),
-            )
-        })?;
+    } else if path.join(STATE_FILE).exists() {
+        let run =
+            path.parent()
+                .and_then(Path::parent)
+                .ok_or_else(|| RunError::CheckpointOutsideRun {
+                    path: path.to_path_buf(),
+                })?;
         (run.to_path_buf(), checkpoint::load_dir(path, &device)?)
     } else {
-        return Err(io(
-            path,
-            "not a run directory (experiment.json) or a checkpoint directory (state.json)".into(),
-        ));
+        return Err(RunError::NotARun {
+            path: path.to_path_buf(),
+        });
     };
-    let exp_path = run_dir.join("experiment.json");
-    let text = std::fs::read_to_string(&exp_path).map_err(|e| io(&exp_path, e.to_string()))?;
-    let exp: Experiment = serde_json::from_str(&text).map_err(|e| io(&exp_path, e.to_string()))?;
+    let exp: Experiment = RunDir::at(&run_dir).read_experiment()?;
     let train = panel::read_jsonl(Path::new(&exp.env.train))?;
     let lens: Vec<usize> = train.iter().map(|t| t.expert.len()).collect();
     let clusters = Clusters::from_lengths(&lens, exp.guidance.clusters);

@@ -55,10 +55,7 @@ pub fn export(path: &Path, out: &Path, opts: &ExportOptions) -> Result<ExportSum
     };
     m.src.write_side_files(out)?;
     let mut files: Vec<String> = std::fs::read_dir(out)
-        .map_err(|e| RunError::Io {
-            path: out.display().to_string(),
-            msg: e.to_string(),
-        })?
+        .map_err(RunError::io(out))?
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
         .collect();
     files.sort();

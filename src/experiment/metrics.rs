@@ -1,13 +1,12 @@
 //! Per-step metrics (ALGORITHMS.md §5): aggregation of episode results into
-//! the `metrics.jsonl` line.
+//! the numbers of the `metrics.jsonl` and `eval.jsonl` lines.
 
 use std::collections::BTreeMap;
-
-use serde_json::{json, Map, Value};
 
 use crate::env::Task;
 use crate::guidance::Clusters;
 use crate::rollout::Episode;
+use crate::rundir::SuccessBreakdown;
 
 /// Mean of a slice (0 for empty).
 pub fn mean(v: &[f64]) -> f64 {
@@ -26,7 +25,7 @@ pub fn std(v: &[f64]) -> f64 {
 
 /// Success rate overall, by task type and by cluster for episodes paired
 /// with their tasks.
-pub fn success_breakdown(pairs: &[(&Task, &Episode)], clusters: &Clusters) -> Value {
+pub fn success_breakdown(pairs: &[(&Task, &Episode)], clusters: &Clusters) -> SuccessBreakdown {
     let mut by_type: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     let mut by_cluster: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     let mut all = Vec::with_capacity(pairs.len());
@@ -39,17 +38,20 @@ pub fn success_breakdown(pairs: &[(&Task, &Episode)], clusters: &Clusters) -> Va
             .or_default()
             .push(s);
     }
-    let m = |b: BTreeMap<String, Vec<f64>>| -> Map<String, Value> {
-        b.into_iter()
-            .map(|(k, v)| (k, json!(round(mean(&v)))))
-            .collect()
-    };
-    json!({
-        "success": round(mean(&all)),
-        "success_by_type": m(by_type),
-        "success_by_cluster": m(by_cluster),
-        "episodes": all.len(),
-    })
+    SuccessBreakdown {
+        success: Some(round(mean(&all))),
+        success_by_type: means(by_type),
+        success_by_cluster: means(by_cluster),
+        episodes: Some(all.len()),
+    }
+}
+
+/// The rounded mean of each list.
+pub fn means(lists: BTreeMap<String, Vec<f64>>) -> BTreeMap<String, f64> {
+    lists
+        .into_iter()
+        .map(|(k, v)| (k, round(mean(&v))))
+        .collect()
 }
 
 /// Round to 6 decimals so metrics files are readable and stable.

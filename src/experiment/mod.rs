@@ -1,6 +1,6 @@
-//! Experiments: config files, the run loop, the run directory, the model
-//! side (`model`: sources, LoRA, prompt format), metrics, evaluation and
-//! export.
+//! Experiments: config files, the run loop, the model side (`policies`:
+//! sources, LoRA, prompt format), metrics, evaluation and export. The files
+//! a run writes belong to [`crate::rundir`].
 
 pub mod compare;
 pub mod config;

@@ -79,11 +79,8 @@ pub fn rollout_options(
 ) -> Result<RolloutOptions, RunError> {
     let mut format = PromptFormat::parse(&exp.rollout.format).unwrap_or_default();
     if let (PromptFormat::Chat(None), Some(t)) = (format, src.chat_template()) {
-        let template = ChatTemplate::from_jinja(t).ok_or_else(|| RunError::Io {
-            path: src.chat_template_origin().display().to_string(),
-            msg: "rollout.format \"chat\": this chat_template is neither ChatML nor Llama 3; \
-                  set rollout.format to \"chatml\" or \"llama3\" if the model follows one"
-                .into(),
+        let template = ChatTemplate::from_jinja(t).ok_or_else(|| RunError::ChatTemplate {
+            origin: src.chat_template_origin(),
         })?;
         format = PromptFormat::Chat(Some(template));
     }

@@ -129,9 +129,9 @@ pub fn probe(path: &Path, o: &ProbeOptions) -> Result<ProbeResult, RunError> {
                 all.iter()
                     .find(|t| &t.id == id)
                     .cloned()
-                    .ok_or_else(|| RunError::Io {
-                        path: panel_path.display().to_string(),
-                        msg: format!("no task with id \"{id}\""),
+                    .ok_or_else(|| RunError::UnknownTask {
+                        panel: panel_path.clone(),
+                        id: id.clone(),
                     })
             })
             .collect::<Result<_, _>>()?

@@ -11,7 +11,7 @@
 use std::fmt::Write as _;
 
 use super::plot::Figure;
-use super::{table_cells, RunSummary, TABLE_HEADERS, TABLE_NOTE};
+use super::{table_cells, SummaryRow, TABLE_HEADERS, TABLE_NOTE};
 
 /// Escape text for HTML content and attribute values.
 pub fn escape(s: &str) -> String {
@@ -71,7 +71,7 @@ code{font-size:.95em;background:#f3f3f3;padding:0 3px;border-radius:3px}\
 nav a{margin-right:14px}";
 
 /// The whole page.
-pub fn render(title: &str, rows: &[RunSummary], figures: &[Figure]) -> String {
+pub fn render(title: &str, rows: &[SummaryRow], figures: &[Figure]) -> String {
     let mut h = String::new();
     h.push_str("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n");
     // Nothing may be fetched; inline styles (the <style> element and the
@@ -152,7 +152,7 @@ mod tests {
             caption: "uses `x<y`".into(),
             svg: "<?xml version=\"1.0\"?>\n<svg width=\"1\"></svg>\n".into(),
         };
-        let rows = [RunSummary {
+        let rows = [SummaryRow {
             name: "r&d".into(),
             ..Default::default()
         }];

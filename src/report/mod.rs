@@ -1,17 +1,18 @@
-//! Run comparison reports (`actguide report RUN... --out DIR`) and the
-//! TensorBoard event writer.
+//! Run comparison reports (`actguide report RUN... --out DIR`).
 //!
 //! Ownership, in data-flow order:
-//! - this module: reading run directories (`experiment.json`,
-//!   `metrics.jsonl`, `eval.jsonl`, `reloads.jsonl`) into [`Run`]s, the
-//!   derived numbers ([`RunSummary`], script-version [`Mark`]s, moving
-//!   averages, quantiles), the markdown summary and [`write_report`], which
-//!   writes everything into the output folder;
+//! - this module: reducing run directories (their typed records, read
+//!   through [`crate::rundir`]) to [`Run`]s, the derived numbers
+//!   ([`SummaryRow`], script-version [`Mark`]s, moving averages,
+//!   quantiles), the markdown summary and [`write_report`], which writes
+//!   everything into the output folder;
 //! - [`plot`]: the SVG figures (plotters), one file per figure;
 //! - [`html`]: the single self-contained `report.html` (SVGs inlined);
-//! - [`tensorboard`]: TFRecord event files of scalars, for the training loop;
 //! - [`probe_plot`]: the figure of `actguide probe` (separate from the
 //!   comparison report; shares only the plotting dependency).
+//!
+//! [`tensorboard`] is re-exported from [`crate::rundir::tensorboard`], which
+//! owns the event files.
 //!
 //! Every key of the run files is optional: older runs lack some, and a
 //! missing key drops that series or table cell, never the report. Output is
@@ -21,13 +22,16 @@
 pub mod html;
 pub mod plot;
 pub mod probe_plot;
-pub mod tensorboard;
+pub use crate::rundir::tensorboard;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
+use serde::Deserialize;
 use serde_json::Value;
+
+use crate::rundir::{EvalLine, Record, ReloadLine, RunDir, RunDirError, StepLine};
 
 /// Why a report could not be written.
 #[derive(Debug, thiserror::Error)]
@@ -42,15 +46,9 @@ pub enum ReportError {
         #[source]
         source: std::io::Error,
     },
-    #[error("{}:{line}: bad JSON: {source}", path.display())]
-    Json {
-        path: PathBuf,
-        line: usize,
-        #[source]
-        source: serde_json::Error,
-    },
-    #[error("{}:{line}: expected a JSON object", path.display())]
-    NotObject { path: PathBuf, line: usize },
+    /// A run file that does not read.
+    #[error(transparent)]
+    RunDir(#[from] RunDirError),
     #[error("figure {figure}: {msg}")]
     Plot { figure: String, msg: String },
 }
@@ -141,157 +139,84 @@ impl Run {
 // ---------------------------------------------------------------------------
 // Reading
 
-/// Parse a JSON-lines file into objects. `Ok(None)` when the file does not
-/// exist. A last line without its newline that does not parse is a write in
-/// progress (a live run) and is skipped with a warning rather than failing
-/// the whole report; any other bad line is an error naming file and line.
-fn read_jsonl(path: &Path, warnings: &mut Vec<String>) -> Result<Option<Vec<Value>>, ReportError> {
-    let text = match std::fs::read_to_string(path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(io_err(path)(e)),
-    };
-    let complete = text.ends_with('\n');
-    let lines: Vec<&str> = text.lines().collect();
-    let mut out = Vec::with_capacity(lines.len());
-    for (i, line) in lines.iter().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        match serde_json::from_str::<Value>(line) {
-            Ok(v) if v.is_object() => out.push(v),
-            Ok(_) => {
-                return Err(ReportError::NotObject {
-                    path: path.to_path_buf(),
-                    line: i + 1,
-                })
-            }
-            Err(_) if !complete && i + 1 == lines.len() => warnings.push(format!(
-                "{}:{}: skipped a partly written last line",
-                path.display(),
-                i + 1
-            )),
-            Err(source) => {
-                return Err(ReportError::Json {
-                    path: path.to_path_buf(),
-                    line: i + 1,
-                    source,
-                })
-            }
-        }
-    }
-    Ok(Some(out))
+/// The part of `experiment.json` the report shows.
+#[derive(Deserialize)]
+struct ExperimentHead {
+    #[serde(default)]
+    guidance: GuidanceHead,
 }
 
-fn get<'a>(v: &'a Value, path: &[&str]) -> Option<&'a Value> {
-    path.iter().try_fold(v, |v, k| v.get(*k))
+#[derive(Deserialize, Default)]
+struct GuidanceHead {
+    script: Option<Value>,
 }
 
-fn num(v: &Value, path: &[&str]) -> Option<f64> {
-    get(v, path)?.as_f64().filter(|x| x.is_finite())
-}
-
-fn uint(v: &Value, path: &[&str]) -> Option<u64> {
-    let x = get(v, path)?;
-    x.as_u64().or_else(|| {
-        x.as_f64()
-            .filter(|f| *f >= 0.0 && f.fract() == 0.0)
-            .map(|f| f as u64)
-    })
-}
-
-fn string(v: &Value, path: &[&str]) -> Option<String> {
-    get(v, path)?.as_str().map(str::to_string)
-}
-
-fn num_map(v: &Value, key: &str) -> BTreeMap<String, f64> {
-    v.get(key)
-        .and_then(Value::as_object)
-        .map(|m| {
-            m.iter()
-                .filter_map(|(k, x)| Some((k.clone(), x.as_f64().filter(|f| f.is_finite())?)))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-fn list_map(v: &Value, key: &str) -> BTreeMap<String, Vec<f64>> {
-    v.get(key)
-        .and_then(Value::as_object)
-        .map(|m| {
-            m.iter()
-                .filter_map(|(k, x)| {
-                    let xs = x.as_array()?;
-                    Some((
-                        k.clone(),
-                        xs.iter()
-                            .filter_map(|d| d.as_f64().filter(|f| f.is_finite()))
-                            .collect(),
-                    ))
-                })
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-fn step_row(v: &Value, fallback_step: u64) -> StepRow {
+fn step_row(line: &StepLine, fallback_step: u64) -> StepRow {
+    let t = &line.time;
     StepRow {
-        step: uint(v, &["step"]).unwrap_or(fallback_step),
-        success: num(v, &["success"]),
-        success_round0: num(v, &["success_round0"]),
-        rollouts: num(v, &["rollouts"]),
-        probe_rollouts: num(v, &["rounds", "probe_rollouts"]),
-        trained_rollouts: num(v, &["rounds", "trained_rollouts"]),
-        depths_by_cluster: list_map(v, "depths_by_cluster"),
-        depth_ratio_by_cluster: num_map(v, "depth_ratio_by_cluster"),
-        step_s: num(v, &["time", "step_s"]),
-        rollout_tokens_per_s: num(v, &["time", "rollout_tokens_per_s"]),
-        train_tokens_per_s: num(v, &["time", "train_tokens_per_s"]),
-        script_hash: string(v, &["script_hash"]),
-        script_hashes: v
-            .get("script_hashes")
-            .and_then(Value::as_object)
-            .map(|m| {
-                m.iter()
-                    .filter_map(|(k, h)| Some((k.clone(), h.as_str()?.to_string())))
-                    .collect()
-            })
-            .unwrap_or_default(),
+        step: line.step.map_or(fallback_step, |s| s as u64),
+        success: line.batch.success,
+        success_round0: line.success_round0,
+        rollouts: line.rollouts.map(|x| x as f64),
+        probe_rollouts: line.rounds.probe_rollouts.map(|x| x as f64),
+        trained_rollouts: line.rounds.trained_rollouts.map(|x| x as f64),
+        depths_by_cluster: line
+            .depths_by_cluster
+            .iter()
+            .map(|(k, d)| (k.clone(), d.iter().map(|&x| x as f64).collect()))
+            .collect(),
+        depth_ratio_by_cluster: line.depth_ratio_by_cluster.clone(),
+        step_s: t.step_s,
+        rollout_tokens_per_s: t.rollout_tokens_per_s,
+        train_tokens_per_s: t.train_tokens_per_s,
+        script_hash: line.script_hash.clone(),
+        script_hashes: line.script_hashes.clone(),
     }
 }
 
-fn eval_row(v: &Value) -> Option<EvalRow> {
+fn eval_row(line: &EvalLine) -> Option<EvalRow> {
     Some(EvalRow {
-        step: uint(v, &["step"])?,
-        panel: string(v, &["panel"]).unwrap_or_else(|| "test".into()),
-        success: num(v, &["success"]),
-        success_in_region: num(v, &["success_in_region"]),
-        success_out_region: num(v, &["success_out_region"]),
-        in_region_tasks: uint(v, &["in_region_tasks"]),
-        out_region_tasks: uint(v, &["out_region_tasks"]),
-        eval_s: num(v, &["time", "eval_s"]),
+        step: line.step? as u64,
+        panel: line.panel.clone().unwrap_or_else(|| "test".into()),
+        success: line.result.success,
+        success_in_region: line.success_in_region,
+        success_out_region: line.success_out_region,
+        in_region_tasks: line.in_region_tasks.map(|x| x as u64),
+        out_region_tasks: line.out_region_tasks.map(|x| x as u64),
+        eval_s: line.time.eval_s,
     })
 }
 
-fn reload_row(v: &Value) -> Option<Reload> {
+fn reload_row(line: &ReloadLine) -> Option<Reload> {
     Some(Reload {
-        step: uint(v, &["step"])?,
-        role: string(v, &["role"]).unwrap_or_else(|| "guidance".into()),
-        ok: get(v, &["ok"]).and_then(Value::as_bool).unwrap_or(false),
-        reverted: get(v, &["reverted"])
-            .and_then(Value::as_bool)
-            .unwrap_or(false),
-        hash: string(v, &["hash"]),
-        active: string(v, &["active"]),
-        error: string(v, &["error"]),
+        step: line.step? as u64,
+        role: line.role.clone().unwrap_or_else(|| "guidance".into()),
+        ok: line.ok.unwrap_or(false),
+        reverted: line.reverted.unwrap_or(false),
+        hash: line.hash.clone(),
+        active: line.active.clone(),
+        error: line.error.clone(),
     })
+}
+
+/// `experiment.json`'s `guidance.script`; an unreadable file costs one
+/// table cell (and a warning), not the report.
+fn guidance_script(dir: &RunDir, warnings: &mut Vec<String>) -> Option<String> {
+    match dir.read_experiment::<ExperimentHead>() {
+        Ok(head) => head.guidance.script?.as_str().map(str::to_string),
+        Err(RunDirError::Json { path, source }) => {
+            warnings.push(format!("{}: unreadable ({source})", path.display()));
+            None
+        }
+        Err(_) => None,
+    }
 }
 
 /// Read one run directory. Only `metrics.jsonl` is required.
-pub fn load_run(dir: &Path) -> Result<Run, ReportError> {
+pub fn read_run(dir: &Path) -> Result<Run, ReportError> {
     let mut warnings = Vec::new();
-    let metrics_path = dir.join("metrics.jsonl");
-    let Some(metrics) = read_jsonl(&metrics_path, &mut warnings)? else {
+    let rd = RunDir::at(dir);
+    let Some(metrics) = rd.read::<StepLine>(&mut warnings)? else {
         return Err(ReportError::NoMetrics {
             dir: dir.to_path_buf(),
         });
@@ -304,32 +229,20 @@ pub fn load_run(dir: &Path) -> Result<Run, ReportError> {
         .or_else(|| dir.file_name())
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|| dir.display().to_string());
-
-    let exp_path = dir.join("experiment.json");
-    let guidance_script = match std::fs::read_to_string(&exp_path) {
-        Ok(text) => match serde_json::from_str::<Value>(&text) {
-            Ok(v) => string(&v, &["guidance", "script"]),
-            Err(e) => {
-                // The table loses one cell; not worth failing the report.
-                warnings.push(format!("{}: unreadable ({e})", exp_path.display()));
-                None
-            }
-        },
-        Err(_) => None,
-    };
+    let guidance_script = guidance_script(&rd, &mut warnings);
 
     // A later line for the same step supersedes an earlier one: a run that
     // died between writing a step and its checkpoint logs that step again.
     let mut by_step: BTreeMap<u64, StepRow> = BTreeMap::new();
-    for (i, v) in metrics.iter().enumerate() {
-        let row = step_row(v, i as u64);
+    for (i, line) in metrics.iter().enumerate() {
+        let row = step_row(line, i as u64);
         by_step.insert(row.step, row);
     }
 
-    let eval_path = dir.join("eval.jsonl");
+    let eval_path = dir.join(EvalLine::FILE);
     let mut by_eval: BTreeMap<(u64, String), EvalRow> = BTreeMap::new();
-    for v in read_jsonl(&eval_path, &mut warnings)?.unwrap_or_default() {
-        match eval_row(&v) {
+    for line in rd.read::<EvalLine>(&mut warnings)?.unwrap_or_default() {
+        match eval_row(&line) {
             Some(r) => {
                 by_eval.insert((r.step, r.panel.clone()), r);
             }
@@ -340,10 +253,10 @@ pub fn load_run(dir: &Path) -> Result<Run, ReportError> {
         }
     }
 
-    let reload_path = dir.join("reloads.jsonl");
+    let reload_path = dir.join(ReloadLine::FILE);
     let mut reloads = Vec::new();
-    for v in read_jsonl(&reload_path, &mut warnings)?.unwrap_or_default() {
-        match reload_row(&v) {
+    for line in rd.read::<ReloadLine>(&mut warnings)?.unwrap_or_default() {
+        match reload_row(&line) {
             Some(r) => reloads.push(r),
             None => warnings.push(format!(
                 "{}: a line without step skipped",
@@ -499,7 +412,7 @@ pub fn script_marks(run: &Run) -> Vec<Mark> {
 
 /// A run's row of the summary table. `None`: not in the run's files.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct RunSummary {
+pub struct SummaryRow {
     pub name: String,
     pub guidance_script: Option<String>,
     /// Metrics lines (distinct steps).
@@ -538,7 +451,7 @@ fn mean_opt(xs: impl Iterator<Item = Option<f64>>) -> Option<f64> {
 }
 
 /// The summary-table numbers of a run.
-pub fn summarize(run: &Run) -> RunSummary {
+pub fn summarize(run: &Run) -> SummaryRow {
     let test: Vec<&EvalRow> = run.evals_of("test").collect();
     let last_test = test.iter().rev().find(|e| e.success.is_some());
     let best_test = test.iter().filter_map(|e| Some((e.step, e.success?))).fold(
@@ -559,7 +472,7 @@ pub fn summarize(run: &Run) -> RunSummary {
     let eval_s = sum_opt(run.evals.iter().map(|e| e.eval_s));
     let versions: BTreeSet<BTreeMap<String, String>> =
         run.steps.iter().filter_map(version_key).collect();
-    RunSummary {
+    SummaryRow {
         name: run.name.clone(),
         guidance_script: run.guidance_script.clone(),
         steps: run.steps.len(),
@@ -634,7 +547,7 @@ fn fmt_fixed(x: Option<f64>, decimals: usize) -> String {
 }
 
 /// The cells of a summary row, as text (escaped by the caller).
-pub fn table_cells(s: &RunSummary) -> [String; 16] {
+pub fn table_cells(s: &SummaryRow) -> [String; 16] {
     [
         s.name.clone(),
         s.guidance_script.clone().unwrap_or_else(|| NA.into()),
@@ -661,7 +574,7 @@ fn md_cell(s: &str) -> String {
 }
 
 /// The summary table in markdown, one row per run.
-pub fn markdown_table(rows: &[RunSummary]) -> String {
+pub fn markdown_table(rows: &[SummaryRow]) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "| {} |", TABLE_HEADERS.join(" | "));
     let _ = writeln!(
@@ -693,7 +606,7 @@ pub struct ReportSummary {
     pub html: PathBuf,
     /// The summary table (markdown), for printing.
     pub table: String,
-    pub runs: Vec<RunSummary>,
+    pub runs: Vec<SummaryRow>,
     /// Skipped lines and unreadable optional files.
     pub warnings: Vec<String>,
 }
@@ -724,8 +637,8 @@ pub fn write_report(runs: &[PathBuf], out: &Path) -> Result<ReportSummary, Repor
     if runs.is_empty() {
         return Err(ReportError::NoRuns);
     }
-    let loaded: Vec<Run> = runs.iter().map(|d| load_run(d)).collect::<Result<_, _>>()?;
-    let rows: Vec<RunSummary> = loaded.iter().map(summarize).collect();
+    let loaded: Vec<Run> = runs.iter().map(|d| read_run(d)).collect::<Result<_, _>>()?;
+    let rows: Vec<SummaryRow> = loaded.iter().map(summarize).collect();
     let figures = plot::figures(&loaded)?;
     let table = markdown_table(&rows);
     let names: Vec<&str> = loaded.iter().map(|r| r.name.as_str()).collect();
@@ -761,6 +674,11 @@ pub fn write_report(runs: &[PathBuf], out: &Path) -> Result<ReportSummary, Repor
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// A run-file line from its JSON.
+    fn line<T: serde::de::DeserializeOwned>(v: Value) -> T {
+        serde_json::from_value(v).unwrap()
+    }
 
     #[test]
     fn moving_average_is_trailing_with_short_start() {
@@ -800,15 +718,17 @@ mod tests {
                 row(4, "cccccccccccc"),
             ],
             reloads: vec![
-                reload_row(&json!({"step":1,"role":"guidance","ok":true,"hash":"bbbbbbbbbbbb"}))
-                    .unwrap(),
-                reload_row(
-                    &json!({"step":2,"role":"guidance","ok":false,"error":"x","active":"bbbb"}),
-                )
+                reload_row(&line(
+                    json!({"step":1,"role":"guidance","ok":true,"hash":"bbbbbbbbbbbb"}),
+                ))
                 .unwrap(),
-                reload_row(
-                    &json!({"step":3,"role":"reward","ok":false,"reverted":true,"error":"y"}),
-                )
+                reload_row(&line(
+                    json!({"step":2,"role":"guidance","ok":false,"error":"x","active":"bbbb"}),
+                ))
+                .unwrap(),
+                reload_row(&line(
+                    json!({"step":3,"role":"reward","ok":false,"reverted":true,"error":"y"}),
+                ))
                 .unwrap(),
             ],
             ..Default::default()
@@ -853,8 +773,8 @@ mod tests {
         let run = Run {
             name: "r".into(),
             steps: vec![
-                step_row(&json!({"step": 0}), 0),
-                step_row(&json!({"rollouts": 5}), 1),
+                step_row(&line(json!({"step": 0})), 0),
+                step_row(&line(json!({"rollouts": 5})), 1),
             ],
             ..Default::default()
         };
@@ -879,7 +799,7 @@ mod tests {
     fn bad_json_names_file_and_line() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("metrics.jsonl"), "{\"step\":0}\n{oops\n").unwrap();
-        let e = load_run(dir.path()).unwrap_err().to_string();
+        let e = read_run(dir.path()).unwrap_err().to_string();
         assert!(e.contains("metrics.jsonl:2: bad JSON"), "{e}");
         // A partly written last line (no newline) is a live run: skipped.
         std::fs::write(
@@ -887,10 +807,10 @@ mod tests {
             "{\"step\":0}\n{\"step\":1,\"succ",
         )
         .unwrap();
-        let run = load_run(dir.path()).unwrap();
+        let run = read_run(dir.path()).unwrap();
         assert_eq!(run.steps.len(), 1);
         assert_eq!(run.warnings.len(), 1);
-        let e = load_run(&dir.path().join("nope")).unwrap_err().to_string();
+        let e = read_run(&dir.path().join("nope")).unwrap_err().to_string();
         assert!(e.contains("no metrics.jsonl"), "{e}");
     }
 }

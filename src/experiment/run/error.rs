@@ -1,0 +1,82 @@
+//! What stops a run, or a command that loads one (`eval`, `probe`,
+//! `export`, comparisons).
+
+use std::path::PathBuf;
+
+use crate::env::{panel, EnvError};
+use crate::experiment::config::ConfigError;
+use crate::model::ModelError;
+use crate::report::ReportError;
+use crate::rollout::RolloutError;
+use crate::rundir::checkpoint::CheckpointError;
+use crate::rundir::tensorboard::TensorBoardError;
+use crate::rundir::RunDirError;
+use crate::script::ScriptError;
+use crate::train::TrainError;
+
+/// Errors that stop a run (before or while it runs).
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Script(#[from] ScriptError),
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    Panel(#[from] panel::PanelError),
+    #[error(transparent)]
+    Rollout(#[from] RolloutError),
+    #[error(transparent)]
+    Train(#[from] TrainError),
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    /// The run directory's files.
+    #[error(transparent)]
+    RunDir(#[from] RunDirError),
+    #[error(transparent)]
+    TensorBoard(#[from] TensorBoardError),
+    /// A subprocess env could not supply a panel's expert actions.
+    #[error("{}: {source}", panel.display())]
+    Experts {
+        panel: PathBuf,
+        #[source]
+        source: EnvError,
+    },
+    /// A checkpoint's optimiser or script state does not fit the run.
+    #[error("{}: {msg}", checkpoint.display())]
+    Resume { checkpoint: PathBuf, msg: String },
+    /// A comparison's report.
+    #[error("{}: {source}", out.display())]
+    Report {
+        out: PathBuf,
+        #[source]
+        source: ReportError,
+    },
+    #[error("{}: not a run directory (experiment.json) or a checkpoint directory (state.json)", path.display())]
+    NotARun { path: PathBuf },
+    #[error("{}: a checkpoint directory lies in <run>/checkpoints/", path.display())]
+    CheckpointOutsideRun { path: PathBuf },
+    #[error("{}: no task with id \"{id}\"", panel.display())]
+    UnknownTask { panel: PathBuf, id: String },
+    #[error(
+        "{}: rollout.format \"chat\": this chat_template is neither ChatML nor Llama 3; \
+         set rollout.format to \"chatml\" or \"llama3\" if the model follows one",
+        origin.display()
+    )]
+    ChatTemplate { origin: PathBuf },
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl RunError {
+    /// An I/O failure on `path`.
+    pub fn io(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> RunError {
+        let path = path.into();
+        move |source| RunError::Io { path, source }
+    }
+}

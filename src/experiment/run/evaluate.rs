@@ -1,0 +1,142 @@
+//! Evaluations during a run: each configured panel, unguided, with the
+//! in-region / out-region split fixed by the first evaluation; one
+//! `eval.jsonl` line and one TensorBoard event per panel.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde_json::Value;
+
+use super::{Ctx, Event, RunError};
+use crate::env::{Env, Task};
+use crate::experiment::eval::{evaluate, EvalSet};
+use crate::experiment::metrics::round;
+use crate::rundir::tensorboard::{scalars_from_json, wall_time_now};
+use crate::rundir::{EvalLine, EvalTimes};
+use crate::seed;
+
+pub(super) fn run_eval(
+    ctx: &mut Ctx,
+    step: usize,
+    make: &dyn Fn(usize) -> Box<dyn Env>,
+    on_event: &mut dyn FnMut(Event),
+) -> Result<(), RunError> {
+    let e = ctx.exp.evaluation.clone();
+    for (i, panel) in e.panels.iter().enumerate() {
+        let tasks = if panel == "train" {
+            &ctx.train
+        } else {
+            &ctx.test
+        };
+        let n = if e.max_tasks == 0 {
+            tasks.len()
+        } else {
+            e.max_tasks.min(tasks.len())
+        };
+        let tasks = &tasks[..n];
+        let mut opts = ctx.ropts.clone();
+        opts.greedy = e.greedy;
+        // The test panel keeps the stream it always had, so adding a
+        // train panel changes no test number.
+        let mut labels = vec![seed::label("eval"), step as u64];
+        if panel != "test" {
+            labels.push(seed::label(panel));
+        }
+        let mut rng = seed::rng(ctx.exp.seed, &labels);
+        let samples = if e.greedy { 1 } else { e.samples.max(1) };
+        let r = evaluate(
+            &ctx.policy,
+            &ctx.tok,
+            make,
+            &EvalSet {
+                tasks,
+                samples,
+                clusters: &ctx.clusters,
+            },
+            &opts,
+            &mut rng,
+        )?;
+        let success = r.breakdown.success.unwrap_or(0.0);
+        let split = region_split(&mut ctx.regions, panel, tasks, &r.successes, samples);
+        let line = EvalLine {
+            step: Some(step),
+            panel: Some(panel.clone()),
+            greedy: Some(e.greedy),
+            result: r.breakdown,
+            time: EvalTimes {
+                eval_s: Some(round(r.stats.seconds)),
+            },
+            ..split
+        };
+        let v = ctx.dir.append(&line)?;
+        tb_write(ctx, step, &format!("eval_{panel}"), &v)?;
+        if i == 0 {
+            ctx.evals.retain(|(s, _)| *s != step);
+            ctx.evals.push((step, success));
+        }
+        on_event(Event::Eval {
+            step,
+            result: Box::new(line),
+        });
+    }
+    Ok(())
+}
+
+/// Success in and out of the panel's region (the tasks the initial policy
+/// solves at least once, fixed at the panel's first evaluation, whose line
+/// lists them), as the region fields of an eval line.
+fn region_split(
+    regions: &mut BTreeMap<String, BTreeSet<String>>,
+    panel: &str,
+    tasks: &[Task],
+    successes: &[usize],
+    samples: usize,
+) -> EvalLine {
+    let first = !regions.contains_key(panel);
+    if first {
+        let ids: BTreeSet<String> = tasks
+            .iter()
+            .zip(successes)
+            .filter(|(_, &c)| c > 0)
+            .map(|(t, _)| t.id.clone())
+            .collect();
+        regions.insert(panel.to_string(), ids);
+    }
+    let region = &regions[panel];
+    let (mut sin, mut nin, mut sout, mut nout) = (0usize, 0usize, 0usize, 0usize);
+    for (t, &c) in tasks.iter().zip(successes) {
+        if region.contains(&t.id) {
+            sin += c;
+            nin += 1;
+        } else {
+            sout += c;
+            nout += 1;
+        }
+    }
+    // `null` when the side has no task.
+    let rate = |s: usize, k: usize| (k > 0).then(|| round(s as f64 / (k * samples) as f64));
+    EvalLine {
+        success_in_region: rate(sin, nin),
+        success_out_region: rate(sout, nout),
+        in_region_tasks: Some(nin),
+        out_region_tasks: Some(nout),
+        in_region_ids: first.then(|| region.clone()),
+        ..EvalLine::default()
+    }
+}
+
+/// Log a metrics or eval line's numbers to TensorBoard under `prefix/`.
+pub(super) fn tb_write(
+    ctx: &mut Ctx,
+    step: usize,
+    prefix: &str,
+    line: &Value,
+) -> Result<(), RunError> {
+    if let Some(w) = &mut ctx.tb {
+        // The step is the event's own step, not a scalar.
+        let step_tag = format!("{prefix}/step");
+        let mut scalars = scalars_from_json(prefix, line);
+        scalars.retain(|(tag, _)| *tag != step_tag);
+        w.write_scalars(step as i64, wall_time_now(), &scalars)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,279 @@
+//! The run loop: sample tasks, ask the guidance script for specs, roll out,
+//! train, update the script, log metrics, evaluate and checkpoint; resume
+//! from the latest checkpoint continues exactly.
+//!
+//! Files: [`setup`] (opening or resuming a run), [`step`] (one training
+//! step as named phases) with [`step_line`] (its metrics line) and
+//! [`timings`] (its clocks), [`evaluate`] (evaluations during the run),
+//! [`reload`] (hot reload), [`views`] (what the scripts see), [`error`].
+//! Every file the run writes goes through [`crate::rundir`].
+
+mod error;
+mod evaluate;
+mod reload;
+mod setup;
+mod step;
+mod step_line;
+mod timings;
+mod views;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::time::Instant;
+
+use crate::env::{make_env, Env, Task};
+use crate::experiment::config::Experiment;
+use crate::guidance::host::Role;
+use crate::guidance::{Clusters, GuidanceHost};
+use crate::model::{ModelSource, Policy, Tok};
+use crate::rollout::RolloutOptions;
+use crate::rundir::checkpoint::{self, CheckpointFiles, RunState};
+use crate::rundir::tensorboard::EventWriter;
+use crate::rundir::{EvalLine, RunDir, StepLine};
+use crate::script::watch::FileWatcher;
+use crate::script::Script;
+use crate::train::Trainer;
+
+pub use error::RunError;
+use evaluate::{run_eval, tb_write};
+use reload::{log_reload, reload_if_edited};
+use views::task_view;
+
+/// How to run.
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// Continue the run in this directory from its latest checkpoint.
+    pub resume: Option<PathBuf>,
+    /// Stop after this many steps of this invocation (tests simulate a
+    /// killed run with it); the step budget of the experiment is unchanged.
+    pub stop_after: Option<usize>,
+}
+
+/// What the loop reports while it runs (the binary prints these).
+#[derive(Debug, Clone)]
+pub enum Event {
+    Started {
+        run_dir: PathBuf,
+        start_step: usize,
+        steps: usize,
+        params: usize,
+        /// Parameters the optimiser updates (the adapters under LoRA).
+        trainable: usize,
+        train_tasks: usize,
+        test_tasks: usize,
+    },
+    /// A training step ended; its `metrics.jsonl` line.
+    Step {
+        step: usize,
+        metrics: Box<StepLine>,
+    },
+    /// One panel's evaluation; its `eval.jsonl` line.
+    Eval {
+        step: usize,
+        result: Box<EvalLine>,
+    },
+    ScriptError(String),
+    /// The guidance script was edited: `Ok(hash)` is the new active
+    /// version (from this step on), `Err(msg)` kept the last good one.
+    Reload {
+        step: usize,
+        /// "guidance", "reward" or "intervene".
+        role: String,
+        result: Result<String, String>,
+    },
+    Log(String),
+    Checkpoint(PathBuf),
+}
+
+/// Final figures of a run.
+#[derive(Debug, Clone)]
+pub struct RunSummary {
+    pub run_dir: PathBuf,
+    pub steps_done: usize,
+    pub start_test_success: Option<f64>,
+    pub end_test_success: Option<f64>,
+    pub seconds: f64,
+    pub rollout_tokens_per_s: f64,
+    pub train_tokens_per_s: f64,
+    pub seconds_per_step: f64,
+}
+
+/// Everything a run holds.
+struct Ctx {
+    exp: Experiment,
+    dir: RunDir,
+    train: Vec<Task>,
+    test: Vec<Task>,
+    clusters: Clusters,
+    tok: Tok,
+    /// The opened `model.path` (tokenizer side files for checkpoints).
+    src: ModelSource,
+    policy: Policy,
+    trainer: Trainer,
+    host: GuidanceHost,
+    script_copy: String,
+    /// Saved copies of the reward and intervention scripts, by role.
+    copies: BTreeMap<String, String>,
+    evals: Vec<(usize, f64)>,
+    /// In-region task ids per evaluation panel, fixed at the first
+    /// evaluation.
+    regions: BTreeMap<String, BTreeSet<String>>,
+    /// TensorBoard event file under `<run>/tb/` (a new file per process,
+    /// as TensorBoard expects).
+    tb: Option<EventWriter>,
+    ropts: RolloutOptions,
+    /// Watches the guidance script for hot reload (None if watching is
+    /// unavailable on this system).
+    watcher: Option<FileWatcher>,
+}
+
+/// Tokens and clock of the steps this invocation ran (the summary's
+/// throughputs), summed from their metrics lines.
+#[derive(Default)]
+struct Totals {
+    rollout_tokens: usize,
+    rollout_s: f64,
+    train_tokens: usize,
+    train_s: f64,
+    steps: usize,
+}
+
+impl Totals {
+    fn add(&mut self, line: &StepLine) {
+        self.rollout_tokens += line.rollout_tokens.unwrap_or(0);
+        self.rollout_s += line.time.rollout_s.unwrap_or(0.0);
+        self.train_tokens += line.train_tokens.unwrap_or(0);
+        self.train_s += line.time.train_s.unwrap_or(0.0);
+        self.steps += 1;
+    }
+}
+
+/// Run (or resume) an experiment to its step budget.
+pub fn run(
+    exp: Experiment,
+    opts: &RunOptions,
+    on_event: &mut dyn FnMut(Event),
+) -> Result<RunSummary, RunError> {
+    let t_start = Instant::now();
+    let (mut ctx, start_step) = setup::setup(exp, opts)?;
+    let steps = ctx.exp.steps;
+    on_event(Event::Started {
+        run_dir: ctx.dir.path().to_path_buf(),
+        start_step,
+        steps,
+        params: ctx.policy.num_params(),
+        trainable: ctx.policy.num_trainable_params(),
+        train_tasks: ctx.train.len(),
+        test_tasks: ctx.test.len(),
+    });
+    let make = {
+        let spec = ctx.exp.env.spec();
+        move |limit: usize| -> Box<dyn Env> { make_env(&spec, limit) }
+    };
+    if start_step == 0 && !ctx.evals.iter().any(|(s, _)| *s == 0) {
+        run_eval(&mut ctx, 0, &make, on_event)?;
+    }
+    let mut totals = Totals::default();
+    let mut step = start_step;
+    let mut done_here = 0usize;
+    while step < steps {
+        if opts.stop_after.is_some_and(|n| done_here >= n) {
+            break;
+        }
+        let line = step::train_step(&mut ctx, step, &make, on_event)?;
+        totals.add(&line);
+        let v = ctx.dir.append(&line)?;
+        tb_write(&mut ctx, step, "train", &v)?;
+        on_event(Event::Step {
+            step,
+            metrics: Box::new(line),
+        });
+        step += 1;
+        done_here += 1;
+        let every = ctx.exp.evaluation.every;
+        if step == steps || (every > 0 && step % every == 0) {
+            run_eval(&mut ctx, step, &make, on_event)?;
+        }
+        let ck = ctx.exp.checkpoint.every;
+        if step == steps || (ck > 0 && step % ck == 0) {
+            let dir = save_checkpoint(&ctx, step)?;
+            on_event(Event::Checkpoint(dir));
+        }
+    }
+    let secs = t_start.elapsed().as_secs_f64();
+    Ok(RunSummary {
+        run_dir: ctx.dir.path().to_path_buf(),
+        steps_done: step,
+        start_test_success: ctx.evals.first().map(|e| e.1),
+        end_test_success: ctx.evals.last().map(|e| e.1),
+        seconds: secs,
+        rollout_tokens_per_s: totals.rollout_tokens as f64 / totals.rollout_s.max(1e-9),
+        train_tokens_per_s: totals.train_tokens as f64 / totals.train_s.max(1e-9),
+        seconds_per_step: if totals.steps > 0 {
+            secs / totals.steps as f64
+        } else {
+            0.0
+        },
+    })
+}
+
+/// Save a copy of a script version under the run's `scripts/` (an empty
+/// path for a role without a script).
+fn save_copy(dir: &RunDir, role: Role, script: Option<&Script>) -> Result<String, RunError> {
+    match script {
+        Some(s) => Ok(dir.save_script_copy(role.name(), s)?),
+        None => Ok(String::new()),
+    }
+}
+
+/// Save `<run>/checkpoints/step-NNNNNN` after `step` steps.
+fn save_checkpoint(ctx: &Ctx, step: usize) -> Result<PathBuf, RunError> {
+    // Under LoRA the Vars are the adapters alone: that is what a
+    // checkpoint keeps (the base is `model.path`).
+    let weights = ctx
+        .policy
+        .named_vars()
+        .into_iter()
+        .map(|(n, v)| (n, v.as_tensor().clone()))
+        .collect();
+    let state = RunState {
+        step,
+        seed: ctx.exp.seed,
+        optimizer_t: ctx.trainer.opt.t,
+        host: ctx.host.snapshot(),
+        script_hash: ctx.host.hash().to_string(),
+        script_copy: ctx.script_copy.clone(),
+        copies: ctx.copies.clone(),
+        evals: ctx.evals.clone(),
+        rng: "derived: seed x (stream label, step)".into(),
+    };
+    Ok(checkpoint::save(
+        ctx.dir.path(),
+        &state,
+        CheckpointFiles {
+            weights,
+            optimizer: ctx.trainer.opt.state_tensors(),
+            adapter: ctx.policy.lora(),
+            base_model: &ctx.exp.model.path,
+            model: &ctx.src,
+        },
+    )?)
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::seed;
+
+    #[test]
+    fn task_order_covers_each_epoch() {
+        let mut seen: Vec<usize> = (0..5)
+            .flat_map(|s| seed::tasks_for_step(3, 10, 2, s))
+            .collect();
+        seen.sort_unstable();
+        assert_eq!(seen, (0..10).collect::<Vec<_>>());
+        assert_eq!(
+            seed::tasks_for_step(3, 10, 4, 7),
+            seed::tasks_for_step(3, 10, 4, 7)
+        );
+    }
+}

@@ -1,0 +1,96 @@
+//! Hot reload at step boundaries: swap in edited scripts (or keep the last
+//! good versions), save each new version, log every outcome to
+//! `reloads.jsonl`.
+
+use super::{task_view, Ctx, Event, RunError};
+use crate::env::Task;
+use crate::guidance::host::{ReloadOutcome, Role};
+use crate::rundir::ReloadLine;
+use crate::script::watch::FileWatcher;
+
+/// Reload the scripts when a watched file changed since the last check.
+pub(super) fn reload_if_edited(
+    ctx: &mut Ctx,
+    step: usize,
+    task_idx: &[usize],
+    on_event: &mut dyn FnMut(Event),
+) -> Result<(), RunError> {
+    let changed = ctx
+        .watcher
+        .as_mut()
+        .is_some_and(|w| w.changed(std::time::Duration::from_secs(2)));
+    if changed {
+        // The view reload checks a new version against: the step's first
+        // task.
+        let sample = ctx.train[task_idx[0]].clone();
+        hot_reload(ctx, step, &sample, on_event)?;
+    }
+    Ok(())
+}
+
+/// Swap in edited scripts at a step boundary, or keep the last good
+/// versions; either way each outcome goes to `reloads.jsonl`.
+fn hot_reload(
+    ctx: &mut Ctx,
+    step: usize,
+    sample: &Task,
+    on_event: &mut dyn FnMut(Event),
+) -> Result<(), RunError> {
+    let view = task_view(ctx, sample, step);
+    let outcomes = ctx.host.reload(&view);
+    for o in &outcomes {
+        log_reload(ctx, step, o, on_event)?;
+    }
+    if outcomes.iter().any(|o| o.result.is_ok()) {
+        // The set of imported files may have changed.
+        ctx.watcher = FileWatcher::new(&ctx.host.watched_files()).ok();
+    }
+    Ok(())
+}
+
+/// One line of `reloads.jsonl` (and a copy of each new version).
+pub(super) fn log_reload(
+    ctx: &mut Ctx,
+    step: usize,
+    o: &ReloadOutcome,
+    on_event: &mut dyn FnMut(Event),
+) -> Result<(), RunError> {
+    let role = o.role.name();
+    let active = ctx
+        .host
+        .script_of(o.role)
+        .map(|s| s.hash.clone())
+        .unwrap_or_default();
+    let (line, result) = match (&o.result, &o.reverted) {
+        (Ok(hash), None) => {
+            let copy = super::save_copy(&ctx.dir, o.role, ctx.host.script_of(o.role))?;
+            ctx.copies.insert(role.to_string(), copy.clone());
+            (
+                ReloadLine::accepted(step, role, &o.file, hash, &copy),
+                Ok(hash.clone()),
+            )
+        }
+        (_, Some(e)) => (
+            ReloadLine::reverted(step, role, &o.file, e.to_string(), &active),
+            Err(format!(
+                "{e} (runtime error on probation: back to version {active})"
+            )),
+        ),
+        (Err(e), None) => (
+            ReloadLine::rejected(step, role, &o.file, e.to_string(), &active),
+            Err(e.to_string()),
+        ),
+    };
+    if let Some(c) = ctx.copies.get(role) {
+        if o.role == Role::Guidance {
+            ctx.script_copy = c.clone();
+        }
+    }
+    ctx.dir.append(&line)?;
+    on_event(Event::Reload {
+        step,
+        role: role.to_string(),
+        result,
+    });
+    Ok(())
+}

@@ -1,0 +1,213 @@
+//! Opening a run: a fresh run directory, or the latest checkpoint of one to
+//! resume; panels and clusters; the policy, its frozen reference and the
+//! trainer; the scripts (on resume, the versions active at the
+//! checkpoint). The order of these steps is the order of the random draws.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use candle_core::Device;
+
+use super::{save_copy, Ctx, RunError, RunOptions};
+use crate::env::{fill_experts, panel, Task};
+use crate::experiment::config::Experiment;
+use crate::experiment::policies;
+use crate::guidance::host::Role;
+use crate::guidance::{Clusters, GuidanceHost};
+use crate::model::{ModelSource, Policy};
+use crate::rundir::checkpoint::{self, Loaded};
+use crate::rundir::RunDir;
+use crate::script::watch::FileWatcher;
+use crate::train::Trainer;
+
+/// Build everything a run holds; returns it with the step to start at.
+pub(super) fn setup(exp: Experiment, opts: &RunOptions) -> Result<(Ctx, usize), RunError> {
+    let device = policies::device(&exp)?;
+    let dir = match &opts.resume {
+        Some(d) => RunDir::at(d),
+        None => RunDir::fresh(&exp.run_dir()),
+    };
+    let resumed = match &opts.resume {
+        Some(d) => Some(checkpoint::load_latest(d, &device)?),
+        None => None,
+    };
+    dir.create()?;
+    let (train, test, clusters) = panels(&exp)?;
+    let src = policies::open(&exp)?;
+    let tok = src.tok.clone();
+    let (policy, mut trainer) = policy_and_trainer(&exp, &src, resumed.as_ref(), &device)?;
+    let mut host = open_scripts(&exp, resumed.as_ref())?;
+    let scripts = match &resumed {
+        Some(l) => resume_state(&exp, l, &mut trainer, &mut host)?,
+        None => fresh_state(&exp, &dir, &mut host)?,
+    };
+    if resumed.is_some() {
+        dir.truncate_for_resume(scripts.start_step)?;
+    }
+    let regions = dir.regions()?;
+    let tb = Some(dir.tensorboard()?);
+    let ropts = policies::rollout_options(
+        &exp,
+        &src,
+        exp.trainer.aux_nll_coef > 0.0 || exp.trainer.train_prefix,
+    )?;
+    let watcher = FileWatcher::new(&host.watched_files()).ok();
+    Ok((
+        Ctx {
+            watcher,
+            exp,
+            dir,
+            train,
+            test,
+            clusters,
+            tok,
+            src,
+            policy,
+            trainer,
+            host,
+            script_copy: scripts.script_copy,
+            copies: scripts.copies,
+            evals: scripts.evals,
+            regions,
+            tb,
+            ropts,
+        },
+        scripts.start_step,
+    ))
+}
+
+/// The train and test panels (with expert actions a subprocess env
+/// supplies where a panel lacks them) and the difficulty clusters of the
+/// train panel.
+fn panels(exp: &Experiment) -> Result<(Vec<Task>, Vec<Task>, Clusters), RunError> {
+    let mut train = panel::read_jsonl(Path::new(&exp.env.train))?;
+    let mut test = panel::read_jsonl(Path::new(&exp.env.test))?;
+    let spec = exp.env.spec();
+    for (tasks, path) in [(&mut train, &exp.env.train), (&mut test, &exp.env.test)] {
+        fill_experts(&spec, tasks).map_err(|source| RunError::Experts {
+            panel: PathBuf::from(path),
+            source,
+        })?;
+    }
+    let lens: Vec<usize> = train.iter().map(|t| t.expert.len()).collect();
+    let clusters = Clusters::from_lengths(&lens, exp.guidance.clusters);
+    Ok((train, test, clusters))
+}
+
+/// The policy (the model source's weights, else the seed's, or the
+/// checkpoint's) and its trainer.
+fn policy_and_trainer(
+    exp: &Experiment,
+    src: &ModelSource,
+    resumed: Option<&Loaded>,
+    device: &Device,
+) -> Result<(Policy, Trainer), RunError> {
+    // The initial policy (from the model source, else the seed) is also
+    // the frozen KL reference, after a resume too; with LoRA the adapters
+    // start at zero, so it is exactly the adapted model's start.
+    let policy = policies::trained(exp, src, resumed, device)?;
+    let reference = if exp.trainer.kl_coef > 0.0 {
+        Some(policies::initial(exp, src, device)?)
+    } else {
+        None
+    };
+    let trainer = Trainer::new(
+        &policy,
+        reference.as_ref(),
+        &exp.trainer,
+        exp.steps,
+        exp.rollout.temperature,
+    )?;
+    Ok((policy, trainer))
+}
+
+/// The reward and intervention scripts the experiment names.
+fn hooks(exp: &Experiment) -> [(Role, Option<String>); 2] {
+    [
+        (Role::Reward, exp.guidance.reward.clone()),
+        (Role::Intervene, exp.guidance.intervene.clone()),
+    ]
+}
+
+/// The guidance host with its scripts: on resume, the versions that were
+/// active at the checkpoint (their saved copies), still following the
+/// experiment's files for hot reload.
+fn open_scripts(exp: &Experiment, resumed: Option<&Loaded>) -> Result<GuidanceHost, RunError> {
+    let script_path = match resumed {
+        Some(l) => PathBuf::from(&l.state.script_copy),
+        None => PathBuf::from(&exp.guidance.script),
+    };
+    let mut host = GuidanceHost::new(&script_path, exp.seed)?;
+    for (role, path) in &hooks(exp) {
+        let Some(path) = path else { continue };
+        let from = resumed
+            .and_then(|l| l.state.copies.get(role.name()))
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(path));
+        match role {
+            Role::Reward => host.set_reward_script(&from)?,
+            _ => host.set_intervene_script(&from)?,
+        }
+        host.set_source(*role, Path::new(path));
+    }
+    Ok(host)
+}
+
+/// Where the run starts, and its script bookkeeping.
+struct ScriptState {
+    start_step: usize,
+    /// Test success by evaluated step.
+    evals: Vec<(usize, f64)>,
+    /// The saved copy of the active guidance script.
+    script_copy: String,
+    /// Saved copies of the active reward and intervention scripts, by role.
+    copies: BTreeMap<String, String>,
+}
+
+/// Restore the optimiser and the scripts' state from the checkpoint.
+fn resume_state(
+    exp: &Experiment,
+    l: &Loaded,
+    trainer: &mut Trainer,
+    host: &mut GuidanceHost,
+) -> Result<ScriptState, RunError> {
+    let resume = |msg: String| RunError::Resume {
+        checkpoint: l.dir.clone(),
+        msg,
+    };
+    trainer
+        .opt
+        .load_state(&l.optimizer, l.state.optimizer_t)
+        .map_err(resume)?;
+    host.restore(&l.state.host).map_err(resume)?;
+    host.set_source(Role::Guidance, Path::new(&exp.guidance.script));
+    Ok(ScriptState {
+        start_step: l.state.step,
+        evals: l.state.evals.clone(),
+        script_copy: l.state.script_copy.clone(),
+        copies: l.state.copies.clone(),
+    })
+}
+
+/// Start the scripts, save their first versions and the resolved
+/// experiment (so a run directory says exactly what ran).
+fn fresh_state(
+    exp: &Experiment,
+    dir: &RunDir,
+    host: &mut GuidanceHost,
+) -> Result<ScriptState, RunError> {
+    host.init()?;
+    let script_copy = save_copy(dir, Role::Guidance, Some(host.script()))?;
+    let mut copies = BTreeMap::new();
+    for (role, _) in hooks(exp).iter().filter(|h| h.1.is_some()) {
+        let c = save_copy(dir, *role, host.script_of(*role))?;
+        copies.insert(role.name().to_string(), c);
+    }
+    dir.write_experiment(exp)?;
+    Ok(ScriptState {
+        start_step: 0,
+        evals: Vec::new(),
+        script_copy,
+        copies,
+    })
+}

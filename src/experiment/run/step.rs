@@ -1,0 +1,412 @@
+//! One training step, as named phases: drive the rollouts (plan, rollout
+//! batches and review rounds, with the reward and intervention scripts),
+//! build the batch and its advantages, train, hand the task results to the
+//! guidance script, build the metrics line, log env failures.
+//!
+//! The order of the phases is the order of the random draws and of the
+//! events; changing it changes the run.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use rand_chacha::ChaCha8Rng;
+
+use super::step_line::step_line;
+use super::timings::{Phase, Timings};
+use super::views::{episode_view, task_result, task_view};
+use super::{log_reload, reload_if_edited, Ctx, Event, RunError};
+use crate::env::{Env, Task};
+use crate::experiment::config::Experiment;
+use crate::guidance::host::{ReloadOutcome, TurnView};
+use crate::guidance::rounds::{drive, DriveReport, Request, TaskRounds};
+use crate::guidance::{GuidanceHost, PlanLoss, TaskResult, TaskView};
+use crate::model::{Policy, Tok};
+use crate::rollout::{self, Episode, EpisodeRequest, RolloutError, RolloutOptions};
+use crate::rundir::{EnvErrorLine, StepLine};
+use crate::script::{Effects, ScriptError};
+use crate::seed;
+use crate::train::{
+    build_samples, group_advantages, is_zero_std, AdvantageKind, SampleOptions, TrainStats, Trainer,
+};
+
+/// Run one training step; returns its metrics line.
+pub(super) fn train_step(
+    ctx: &mut Ctx,
+    step: usize,
+    make: &dyn Fn(usize) -> Box<dyn Env>,
+    on_event: &mut dyn FnMut(Event),
+) -> Result<StepLine, RunError> {
+    let timings = Timings::start();
+    let task_idx = seed::tasks_for_step(
+        ctx.exp.seed,
+        ctx.train.len(),
+        ctx.exp.rollout.tasks_per_step,
+        step,
+    );
+    reload_if_edited(ctx, step, &task_idx, on_event)?;
+    let views: Vec<TaskView> = task_idx
+        .iter()
+        .map(|&ti| task_view(ctx, &ctx.train[ti], step))
+        .collect();
+    let driven = drive_rollouts(ctx, step, &task_idx, &views, make, &timings, on_event)?;
+    let batch = build_batch(&ctx.train, &ctx.exp, &task_idx, &driven.groups);
+    let tstats = train(
+        &mut ctx.trainer,
+        &ctx.policy,
+        &ctx.exp,
+        step,
+        &batch,
+        &timings,
+    )?;
+    let results: Vec<TaskResult> = task_idx
+        .iter()
+        .zip(&driven.groups)
+        .map(|(&ti, g)| task_result(ctx, &ctx.train[ti], g))
+        .collect();
+    let update = update_script(&mut ctx.host, step, &results, &tstats, &timings, on_event);
+    let line = step_line(ctx, step, &driven, &batch, &tstats, &update, &timings);
+    for r in &update.reverts {
+        log_reload(ctx, step, r, on_event)?;
+    }
+    log_env_failures(ctx, step, &driven.groups, on_event)?;
+    Ok(line)
+}
+
+/// What driving the rollouts produced.
+pub(super) struct Driven {
+    /// Every task's rounds, in the order of the step's tasks.
+    pub groups: Vec<TaskRounds<Episode>>,
+    pub prompt_tokens: usize,
+    pub generated_tokens: usize,
+    /// Errors of the guidance, reward and intervention scripts (already
+    /// reported as events).
+    pub script_errors: usize,
+}
+
+/// Plan, rollouts and review rounds; every round of every task is one
+/// batched rollout call.
+fn drive_rollouts(
+    ctx: &mut Ctx,
+    step: usize,
+    task_idx: &[usize],
+    views: &[TaskView],
+    make: &dyn Fn(usize) -> Box<dyn Env>,
+    timings: &Timings,
+    on_event: &mut dyn FnMut(Event),
+) -> Result<Driven, RunError> {
+    let _drive = timings.mark(Phase::Drive);
+    let Ctx {
+        host,
+        train,
+        policy,
+        tok,
+        ropts,
+        exp,
+        ..
+    } = ctx;
+    let mut ex = Executor {
+        policy,
+        tok,
+        make,
+        ropts,
+        tasks: task_idx.iter().map(|&ti| &train[ti]).collect(),
+        seed: exp.seed,
+        step,
+        calls: 0,
+        timings,
+        prompt_tokens: 0,
+        generated_tokens: 0,
+        hook_errors: Vec::new(),
+    };
+    let mut report = DriveReport::default();
+    let groups = drive(
+        host,
+        step,
+        views,
+        exp.guidance.max_rounds,
+        &mut |h: &mut GuidanceHost, q: &[Request]| ex.run(h, q),
+        &mut report,
+    );
+    let mut script_errors = report.errors.len();
+    for e in report.errors {
+        on_event(Event::ScriptError(e.to_string()));
+    }
+    if report.bound_hits > 0 {
+        on_event(Event::Log(format!(
+            "step {}: {} review requests hit the bound of {} rounds",
+            step + 1,
+            report.bound_hits,
+            exp.guidance.max_rounds
+        )));
+    }
+    let groups = groups?;
+    script_errors += ex.hook_errors.len();
+    for e in ex.hook_errors {
+        on_event(Event::ScriptError(e.to_string()));
+    }
+    Ok(Driven {
+        groups,
+        prompt_tokens: ex.prompt_tokens,
+        generated_tokens: ex.generated_tokens,
+        script_errors,
+    })
+}
+
+/// Runs the rollout batches the drive asks for, with the intervention and
+/// reward scripts, and keeps count of tokens, time and script errors.
+struct Executor<'a> {
+    policy: &'a Policy,
+    tok: &'a Tok,
+    make: &'a dyn Fn(usize) -> Box<dyn Env>,
+    ropts: &'a RolloutOptions,
+    /// The step's tasks (requests index into them).
+    tasks: Vec<&'a Task>,
+    seed: u64,
+    step: usize,
+    /// Batches run so far this step (each gets its own random stream).
+    calls: u64,
+    timings: &'a Timings,
+    prompt_tokens: usize,
+    generated_tokens: usize,
+    hook_errors: Vec<ScriptError>,
+}
+
+impl Executor<'_> {
+    fn run(
+        &mut self,
+        host: &mut GuidanceHost,
+        reqs: &[Request],
+    ) -> Result<Vec<Episode>, RolloutError> {
+        let t0 = Instant::now();
+        let requests: Vec<EpisodeRequest> = reqs
+            .iter()
+            .map(|r| {
+                let task = self.tasks[r.task];
+                EpisodeRequest {
+                    task,
+                    spec: r.spec.resolve(task.expert.len()),
+                }
+            })
+            .collect();
+        let mut rng = seed::rng(
+            self.seed,
+            &[seed::label("rollout"), self.step as u64, self.calls],
+        );
+        self.calls += 1;
+        let (mut eps, st, mut hooks_s) = self.generate(host, &requests, &mut rng)?;
+        // Reward shaping by the reward script (the env reward stands on
+        // error).
+        if host.has_reward() {
+            let t0 = Instant::now();
+            for (i, (e, q)) in eps.iter_mut().zip(&requests).enumerate() {
+                let view = episode_view(e, q.task);
+                let (r, err) = host.reward(self.step, i, &view);
+                self.hook_errors.extend(err);
+                if let Some(r) = r {
+                    e.reward = r;
+                }
+            }
+            hooks_s += t0.elapsed().as_secs_f64();
+        }
+        self.prompt_tokens += st.prompt_tokens;
+        self.generated_tokens += st.generated_tokens;
+        self.timings.add(Phase::Generate, st.seconds);
+        // Script time counts as script time, not rollout time.
+        self.timings
+            .add(Phase::Execute, t0.elapsed().as_secs_f64() - hooks_s);
+        Ok(eps)
+    }
+
+    /// The rollouts, with the intervention script asked before each policy
+    /// turn; also returns the seconds spent in that script.
+    fn generate(
+        &mut self,
+        host: &mut GuidanceHost,
+        requests: &[EpisodeRequest],
+        rng: &mut ChaCha8Rng,
+    ) -> Result<(Vec<Episode>, rollout::RolloutStats, f64), RolloutError> {
+        let step = self.step;
+        let mut hooks_s = 0.0f64;
+        let has_int = host.has_intervene();
+        let mut int_errors = Vec::new();
+        let mut intervene = |t: &TurnView| {
+            let t0 = Instant::now();
+            let (x, e) = host.intervene(step, t);
+            int_errors.extend(e);
+            hooks_s += t0.elapsed().as_secs_f64();
+            x
+        };
+        let (eps, st) = rollout::run(
+            self.policy,
+            self.tok,
+            self.make,
+            requests,
+            self.ropts,
+            rng,
+            if has_int { Some(&mut intervene) } else { None },
+        )?;
+        self.hook_errors.extend(int_errors);
+        Ok((eps, st, hooks_s))
+    }
+}
+
+/// The training batch: each task's training group, flattened, with the
+/// group-relative advantages.
+pub(super) struct Batch<'a> {
+    /// The task of each episode.
+    pub tasks: Vec<&'a Task>,
+    pub episodes: Vec<Episode>,
+    pub advantages: Vec<f64>,
+    /// Tasks whose group rewards all tie (no signal).
+    pub zero_std: usize,
+    /// Tasks of the step.
+    pub task_count: usize,
+}
+
+fn build_batch<'a>(
+    train: &'a [Task],
+    exp: &Experiment,
+    task_idx: &[usize],
+    groups: &[TaskRounds<Episode>],
+) -> Batch<'a> {
+    let mut tasks: Vec<&Task> = Vec::new();
+    let mut episodes: Vec<Episode> = Vec::new();
+    let mut group_sizes = Vec::new();
+    for (&ti, g) in task_idx.iter().zip(groups) {
+        group_sizes.push(g.group.len());
+        for r in g.training() {
+            tasks.push(&train[ti]);
+            episodes.push(r.ep.clone());
+        }
+    }
+    // Advantages per task group.
+    let kind = AdvantageKind::parse(&exp.trainer.advantage).unwrap_or(AdvantageKind::Grpo);
+    let mut advantages = Vec::with_capacity(episodes.len());
+    let mut zero_std = 0usize;
+    let mut at = 0usize;
+    for &n in &group_sizes {
+        let rewards: Vec<f64> = episodes[at..at + n].iter().map(|e| e.reward).collect();
+        if is_zero_std(&rewards) {
+            zero_std += 1;
+        }
+        advantages.extend(group_advantages(&rewards, kind));
+        at += n;
+    }
+    Batch {
+        tasks,
+        episodes,
+        advantages,
+        zero_std,
+        task_count: task_idx.len(),
+    }
+}
+
+/// One policy update on the batch.
+fn train(
+    trainer: &mut Trainer,
+    policy: &Policy,
+    exp: &Experiment,
+    step: usize,
+    batch: &Batch,
+    timings: &Timings,
+) -> Result<TrainStats, RunError> {
+    let t = &exp.trainer;
+    let sopts = SampleOptions {
+        with_aux: t.aux_nll_coef > 0.0,
+        plan_loss: PlanLoss::parse(&t.plan_loss).unwrap_or(PlanLoss::Internalize),
+        dual_weight: t.dual_weight as f32,
+        train_prefix: t.train_prefix,
+        protect_forced: t.protect_forced,
+    };
+    let samples = build_samples(&batch.episodes, &batch.advantages, &sopts);
+    let mut trng = seed::rng(exp.seed, &[seed::label("train"), step as u64]);
+    let tstats = trainer.step(policy, &samples, step, &mut trng)?;
+    timings.add(Phase::Train, tstats.seconds);
+    Ok(tstats)
+}
+
+/// What the guidance script's update left.
+pub(super) struct Update {
+    /// The versions this step ran with.
+    pub script_hash: String,
+    pub script_hashes: BTreeMap<String, String>,
+    pub script_errors: usize,
+    /// Versions that failed on probation and were swapped back.
+    pub reverts: Vec<ReloadOutcome>,
+    /// The scripts' `metric()` and `log()` calls of the step.
+    pub effects: Effects,
+}
+
+/// The script update with per-task results (and the step's losses).
+fn update_script(
+    host: &mut GuidanceHost,
+    step: usize,
+    results: &[TaskResult],
+    tstats: &TrainStats,
+    timings: &Timings,
+    on_event: &mut dyn FnMut(Event),
+) -> Update {
+    let timed = timings.mark(Phase::Update);
+    let script_hash = host.hash().to_string();
+    let script_hashes = host.hashes();
+    let mut extra = BTreeMap::new();
+    extra.insert("pg_loss".to_string(), tstats.pg_loss);
+    extra.insert("entropy".to_string(), tstats.entropy);
+    let mut script_errors = 0;
+    if let Some(e) = host.update(step, results, &extra) {
+        script_errors += 1;
+        on_event(Event::ScriptError(e.to_string()));
+    }
+    drop(timed);
+    let reverts = host.take_reverts();
+    host.end_step();
+    let effects = host.take_effects();
+    for l in &effects.logs {
+        on_event(Event::Log(l.clone()));
+    }
+    Update {
+        script_hash,
+        script_hashes,
+        script_errors,
+        reverts,
+        effects,
+    }
+}
+
+/// Episodes the env failed (dead server, malformed reply, …): each goes
+/// to `env_errors.jsonl` with its reason; the batch trained without them
+/// losing anything else.
+fn log_env_failures(
+    ctx: &Ctx,
+    step: usize,
+    groups: &[TaskRounds<Episode>],
+    on_event: &mut dyn FnMut(Event),
+) -> Result<(), RunError> {
+    let failed: Vec<(String, String)> = groups
+        .iter()
+        .flat_map(|g| g.all.iter())
+        .filter_map(|r| {
+            r.ep.error
+                .as_ref()
+                .map(|e| (r.ep.task_id.clone(), e.clone()))
+        })
+        .collect();
+    if failed.is_empty() {
+        return Ok(());
+    }
+    for (task, error) in &failed {
+        ctx.dir.append(&EnvErrorLine {
+            step: Some(step),
+            task: Some(task.clone()),
+            error: Some(error.clone()),
+        })?;
+    }
+    on_event(Event::Log(format!(
+        "step {}: {} episode(s) failed in the env (env_errors.jsonl), e.g. {}: {}",
+        step + 1,
+        failed.len(),
+        failed[0].0,
+        failed[0].1
+    )));
+    Ok(())
+}

@@ -1,0 +1,232 @@
+//! The run directory: the one place that knows its layout and file formats.
+//!
+//! ```text
+//! runs/<name>/
+//!   experiment.json          the resolved experiment, so the directory says what ran
+//!   metrics.jsonl            one [`StepLine`] per training step
+//!   eval.jsonl               one [`EvalLine`] per evaluation and panel
+//!   reloads.jsonl            one [`ReloadLine`] per hot-reload outcome
+//!   env_errors.jsonl         one [`EnvErrorLine`] per episode the env failed
+//!   scripts/<role>-<hash>/   every script version used, with its imports
+//!   tb/                      TensorBoard event files (a new one per process)
+//!   checkpoints/step-NNNNNN/ weights, optimiser moments, run state
+//!   checkpoints/latest       the name of the newest checkpoint
+//! ```
+//!
+//! The run loop writes these files through [`RunDir`]; `actguide report`,
+//! `actguide eval` and a resumed run read them back through the same typed
+//! records ([`records`]), so writer and readers cannot drift apart.
+//!
+//! Sub-modules: [`records`] (the JSONL lines), [`jsonl`] (appending,
+//! reading, truncating them), [`checkpoint`], [`tensorboard`] (event
+//! files), [`scripts`] (saved script versions).
+
+pub mod checkpoint;
+pub mod jsonl;
+pub mod records;
+pub mod scripts;
+pub mod tensorboard;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::Value;
+
+pub use jsonl::Record;
+pub use records::{
+    EnvErrorLine, EvalLine, EvalTimes, ReloadLine, StepLine, StepRounds, StepTimes,
+    SuccessBreakdown,
+};
+
+/// The resolved experiment of a run.
+pub const EXPERIMENT_FILE: &str = "experiment.json";
+/// Saved script versions.
+pub const SCRIPTS_DIR: &str = "scripts";
+/// TensorBoard event files.
+pub const TB_DIR: &str = "tb";
+
+/// Errors reading or writing the run directory's files.
+#[derive(Debug, thiserror::Error)]
+pub enum RunDirError {
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A whole-file JSON document (e.g. `experiment.json`) that does not
+    /// parse, or a value that does not serialise.
+    #[error("{}: {source}", path.display())]
+    Json {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("{}:{line}: bad JSON: {source}", path.display())]
+    BadLine {
+        path: PathBuf,
+        line: usize,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("{}:{line}: expected a JSON object", path.display())]
+    NotObject { path: PathBuf, line: usize },
+    /// A JSON object whose keys have the wrong types for its record.
+    #[error("{}:{line}: {source}", path.display())]
+    BadRecord {
+        path: PathBuf,
+        line: usize,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+impl RunDirError {
+    pub(crate) fn io(path: &Path) -> impl FnOnce(std::io::Error) -> RunDirError + '_ {
+        move |source| RunDirError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}
+
+/// Write a file atomically (temp file in the same folder + rename), so a
+/// killed run never leaves it half written.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), RunDirError> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(RunDirError::io(dir))?;
+    }
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, bytes).map_err(RunDirError::io(&tmp))?;
+    std::fs::rename(&tmp, path).map_err(RunDirError::io(path))
+}
+
+/// `base`, or `base-2`, `base-3`, … : the first that holds neither `marker`
+/// nor a `metrics.jsonl`, so a new run (or comparison) never overwrites an
+/// old one.
+pub fn fresh_dir(base: &Path, marker: &str) -> PathBuf {
+    let taken = |p: &Path| p.join(marker).exists() || p.join(StepLine::FILE).exists();
+    if !taken(base) {
+        return base.to_path_buf();
+    }
+    let name = base.file_name().and_then(|s| s.to_str()).unwrap_or("run");
+    (2..)
+        .map(|i| base.with_file_name(format!("{name}-{i}")))
+        .find(|p| !taken(p))
+        .expect("an unused name exists")
+}
+
+/// A run directory (which need not exist yet).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunDir {
+    root: PathBuf,
+}
+
+impl RunDir {
+    /// The run directory at `root`.
+    pub fn at(root: impl Into<PathBuf>) -> Self {
+        RunDir { root: root.into() }
+    }
+
+    /// `runs/<name>`, or `runs/<name>-2`, `-3`, … when earlier runs hold
+    /// the name.
+    pub fn fresh(base: &Path) -> Self {
+        RunDir::at(fresh_dir(base, EXPERIMENT_FILE))
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.root
+    }
+
+    /// Create the directory (and its `scripts/`).
+    pub fn create(&self) -> Result<(), RunDirError> {
+        std::fs::create_dir_all(self.root.join(SCRIPTS_DIR)).map_err(RunDirError::io(&self.root))
+    }
+
+    /// Write `experiment.json` (pretty-printed).
+    pub fn write_experiment(&self, exp: &impl Serialize) -> Result<(), RunDirError> {
+        let text = serde_json::to_string_pretty(exp).map_err(|source| RunDirError::Json {
+            path: self.root.clone(),
+            source,
+        })?;
+        write_atomic(&self.root.join(EXPERIMENT_FILE), text.as_bytes())
+    }
+
+    /// Read `experiment.json` as `T`.
+    pub fn read_experiment<T: DeserializeOwned>(&self) -> Result<T, RunDirError> {
+        let path = self.root.join(EXPERIMENT_FILE);
+        let text = std::fs::read_to_string(&path).map_err(RunDirError::io(&path))?;
+        serde_json::from_str(&text).map_err(|source| RunDirError::Json { path, source })
+    }
+
+    /// Append one record to its file; returns the JSON written (the
+    /// TensorBoard log takes its numbers from it).
+    pub fn append<R: Record>(&self, record: &R) -> Result<Value, RunDirError> {
+        jsonl::append(&self.root.join(R::FILE), record)
+    }
+
+    /// Every record of `R`'s file (`None` when there is none); see
+    /// [`jsonl::read`] for what is skipped with a warning.
+    pub fn read<R: Record>(
+        &self,
+        warnings: &mut Vec<String>,
+    ) -> Result<Option<Vec<R>>, RunDirError> {
+        jsonl::read(&self.root.join(R::FILE), warnings)
+    }
+
+    /// Before resuming at `step`: drop the log lines written after the
+    /// checkpoint (they will be written again). Evaluations at `step` ran
+    /// before that checkpoint was saved, so they stay.
+    pub fn truncate_for_resume(&self, step: usize) -> Result<(), RunDirError> {
+        jsonl::truncate_after(&self.root.join(StepLine::FILE), step)?;
+        jsonl::truncate_after(&self.root.join(EvalLine::FILE), step + 1)?;
+        jsonl::truncate_after(&self.root.join(ReloadLine::FILE), step)?;
+        jsonl::truncate_after(&self.root.join(EnvErrorLine::FILE), step)
+    }
+
+    /// The in-region task ids each panel's first evaluation recorded in
+    /// `eval.jsonl` (for a resumed run).
+    pub fn regions(&self) -> Result<BTreeMap<String, BTreeSet<String>>, RunDirError> {
+        let mut out = BTreeMap::new();
+        let lines: Vec<EvalLine> = jsonl::read_all(&self.root.join(EvalLine::FILE))?;
+        for line in lines {
+            if let Some(ids) = line.in_region_ids {
+                out.entry(line.panel.unwrap_or_else(|| "test".into()))
+                    .or_insert(ids);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Keep a copy of a script version (see [`scripts::save_copy`]);
+    /// returns the copy's path.
+    pub fn save_script_copy(
+        &self,
+        role: &str,
+        script: &crate::script::Script,
+    ) -> Result<String, RunDirError> {
+        scripts::save_copy(&self.root.join(SCRIPTS_DIR), role, script)
+    }
+
+    /// A new TensorBoard event file under `tb/`.
+    pub fn tensorboard(&self) -> Result<tensorboard::EventWriter, tensorboard::TensorBoardError> {
+        tensorboard::EventWriter::create(&self.root.join(TB_DIR))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn new_runs_never_reuse_a_directory() {
+        let tmp = tempfile::tempdir().unwrap();
+        let base = tmp.path().join("q");
+        assert_eq!(RunDir::fresh(&base).path(), base);
+        std::fs::create_dir_all(&base).unwrap();
+        std::fs::write(base.join("experiment.json"), "{}").unwrap();
+        assert_eq!(RunDir::fresh(&base).path(), tmp.path().join("q-2"));
+    }
+}
