@@ -111,7 +111,7 @@ fn edits_take_effect_at_the_next_step_and_broken_edits_are_rejected() {
     assert_eq!(copies, 2);
 }
 
-/// The researcher's loop from DESIGN.md: the run starts on ActGuide-RL,
+/// The researcher's loop (docs/ARCHITECTURE.md, hot reload): the run starts on ActGuide-RL,
 /// the import line is switched to Agent-G² mid-run, then a knob
 /// (P_TARGET) is edited, then the imported strategy file itself.
 #[test]
