@@ -6,19 +6,28 @@
 //! expert guidance a rollout gets (executed expert prefixes, plans in the
 //! prompt).
 //!
-//! Modules, in data-flow order:
-//! - [`env`]: the `Env` trait, task panels, the household environment and
-//!   its expert planner;
-//! - [`model`]: config, tokenizer, the trainable Llama-style policy,
-//!   batched generation with constrained decoding, log-prob scoring;
-//! - [`script`]: the sandboxed Rhai engine and its helper API;
-//! - [`guidance`]: guidance specs, clusters, the strategy host;
-//! - [`rollout`]: prompts, action projection, the episode runner;
-//! - [`train`]: advantages, PPO/GRPO losses, AdamW, schedules, checkpoints;
-//! - [`experiment`]: experiment files, the run loop, metrics, evaluation;
+//! Modules, lowest layer first (docs/ARCHITECTURE.md has the map and the
+//! data flow of one training step):
+//! - [`seed`]: the seeded RNG streams everything draws from;
+//! - [`env`]: the `Env` trait, task panels, the built-in household, shop
+//!   and searchqa environments with their expert planners, external envs
+//!   (AgentGym HTTP, subprocess NDJSON);
+//! - [`model`]: config, tokenizers, the trainable Llama-style policy (HF
+//!   folders and GGUF, LoRA), batched generation with constrained decoding,
+//!   log-prob scoring, the custom differentiable ops;
+//! - [`tiny`]: the built-in tiny policy and its word-level tokenizer;
+//! - [`script`]: the sandboxed Rhai engine, its helper API, the file watcher;
+//! - [`guidance`]: guidance specs, clusters, review rounds, the strategy
+//!   host (reload, probation), `actguide check` and `simulate`;
+//! - [`rollout`]: prompts (plain and chat), action projection, the episode
+//!   runner;
+//! - [`train`]: advantages, PPO/GRPO losses, AdamW, lr schedules;
 //! - [`rundir`]: the run directory's layout and files (metrics and eval
-//!   logs as typed records, checkpoints, TensorBoard events);
-//! - [`bench`]: throughput measurement;
+//!   logs as typed records, checkpoints, TensorBoard events, script copies);
+//! - [`experiment`]: experiment files, the run loop and its phases,
+//!   evaluation, probe, export, comparisons;
+//! - [`report`]: figures, markdown and HTML reports of runs;
+//! - [`bench`]: throughput of the whole loop;
 //! - [`bench_model`]: raw decode / train throughput of a model.
 
 pub mod bench;

@@ -137,7 +137,9 @@ fn a_comparison_runs_each_entry_on_the_same_setup_and_writes_one_report() {
 fn comparison_entries_are_checked() {
     let tmp = tempfile::tempdir().unwrap();
     let dup = source(tmp.path(), 1, r#"#{ name: "a" }, #{ name: "a" }"#);
-    let e = ExperimentFile::from_source("cmp.rhai", &dup).unwrap_err().to_string();
+    let e = ExperimentFile::from_source("cmp.rhai", &dup)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("used twice"), "{e}");
     assert!(e.starts_with("cmp.rhai:"), "{e}");
     let unnamed = source(tmp.path(), 1, r#"#{ seed: 3 }"#);
@@ -166,7 +168,8 @@ fn comparison_entries_are_checked() {
 fn probe_walks_the_expert_trajectory_and_is_deterministic() {
     let tmp = tempfile::tempdir().unwrap();
     let ExperimentFile::Compare(c) =
-        ExperimentFile::from_source("cmp.rhai", &source(tmp.path(), 1, r#"#{ name: "p" }"#)).unwrap()
+        ExperimentFile::from_source("cmp.rhai", &source(tmp.path(), 1, r#"#{ name: "p" }"#))
+            .unwrap()
     else {
         panic!()
     };
