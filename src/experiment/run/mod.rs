@@ -81,7 +81,11 @@ pub enum Event {
         role: String,
         result: Result<String, String>,
     },
+    /// A notice of the runner itself (review requests that hit the round
+    /// bound, episodes that failed in the env).
     Log(String),
+    /// A line a script printed (`print`, `debug`, `log`).
+    ScriptLog(String),
     Checkpoint(PathBuf),
 }
 

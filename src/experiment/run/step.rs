@@ -362,7 +362,7 @@ fn update_script(
     host.end_step();
     let effects = host.take_effects();
     for l in &effects.logs {
-        on_event(Event::Log(l.clone()));
+        on_event(Event::ScriptLog(l.clone()));
     }
     Update {
         script_hash,

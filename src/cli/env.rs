@@ -1,0 +1,55 @@
+//! `actguide serve-env`: a built-in env behind the subprocess or HTTP
+//! protocol.
+
+use std::io::Write;
+
+use anyhow::{bail, Result};
+use clap::Args;
+
+use actguide::env::external::serve::{serve_stdio, Faults, HttpServer};
+
+use actguide::env::BuiltinEnv;
+
+// Flags of `actguide serve-env`.
+#[derive(Args)]
+pub struct ServeEnvArgs {
+    #[arg(long, default_value = "household")]
+    env: BuiltinEnv,
+    /// "stdio" or "http".
+    #[arg(long, default_value = "stdio")]
+    protocol: String,
+    /// HTTP port (0: any free port; the URL is printed first).
+    #[arg(long, default_value_t = 0)]
+    port: u16,
+    #[arg(long, default_value_t = 50)]
+    max_steps: usize,
+    /// Fault injection: exit when asked for step N+1.
+    #[arg(long)]
+    die_after_steps: Option<usize>,
+    /// Fault injection: reply with malformed JSON after step N.
+    #[arg(long)]
+    malformed_after_steps: Option<usize>,
+    /// Faults only for tasks whose id number is divisible by this.
+    #[arg(long, default_value_t = 1)]
+    fault_every: usize,
+}
+
+pub fn serve_env(a: ServeEnvArgs) -> Result<()> {
+    let faults = Faults {
+        die_after_steps: a.die_after_steps,
+        malformed_after_steps: a.malformed_after_steps,
+        every: a.fault_every,
+    };
+    match a.protocol.as_str() {
+        "stdio" => serve_stdio(a.env, a.max_steps, faults)?,
+        "http" => {
+            let server = HttpServer::bind(a.env, a.port, a.max_steps, faults)?;
+            // The URL goes first, and now: clients read it to connect.
+            println!("listening on {}", server.url());
+            std::io::stdout().flush()?;
+            server.run()?;
+        }
+        other => bail!("unknown protocol `{other}` (stdio, http)"),
+    }
+    Ok(())
+}

@@ -1,0 +1,22 @@
+//! The subcommands of the `actguide` binary, one file per group: each
+//! subcommand has its flags (a clap `Args` struct; the subcommand's own
+//! help line is its variant's doc comment in `main.rs`) and a function that
+//! calls the library and prints the result. Nothing here computes: the
+//! work is in the `actguide` library.
+
+pub mod checkpoint;
+pub mod env;
+pub mod model;
+pub mod print;
+pub mod report;
+pub mod run;
+pub mod script;
+pub mod tasks;
+
+use anyhow::Result;
+
+/// Print `value` as pretty JSON (the `--json` flag of several commands).
+fn print_json<T: serde::Serialize>(value: &T) -> Result<()> {
+    println!("{}", serde_json::to_string_pretty(value)?);
+    Ok(())
+}

@@ -1,0 +1,144 @@
+//! Model commands: `actguide init-tiny`, `actguide bench-model` and
+//! `actguide bench`.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use clap::Args;
+
+use actguide::bench::BenchConfig;
+use actguide::bench_model::ModelBenchConfig;
+use actguide::model::LoraConfig;
+
+use super::print_json;
+use actguide::env::BuiltinEnv;
+
+// Flags of `actguide init-tiny`.
+#[derive(Args)]
+pub struct InitTinyArgs {
+    /// The env whose vocabulary the tokenizer covers.
+    #[arg(long, default_value = "household")]
+    env: BuiltinEnv,
+    /// Output folder (default: models/tiny, or models/tiny-<env>).
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+pub fn init_tiny(a: InitTinyArgs) -> Result<()> {
+    let env = a.env;
+    let out = a.out.unwrap_or_else(|| match env {
+        BuiltinEnv::Household => PathBuf::from("models/tiny"),
+        e => PathBuf::from(format!("models/tiny-{e}")),
+    });
+    let (cfg, n) = actguide::tiny::write_tiny_model_for(env, &out)?;
+    println!(
+        "wrote {}/config.json and tokenizer.json ({} tokens, {} layers, hidden {})",
+        out.display(),
+        n,
+        cfg.num_hidden_layers,
+        cfg.hidden_size
+    );
+    Ok(())
+}
+
+// Flags of `actguide bench-model`.
+#[derive(Args)]
+pub struct BenchModelArgs {
+    /// A .gguf file or a HF model folder.
+    model: PathBuf,
+    /// Comma-separated batch sizes.
+    #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
+    batches: Vec<usize>,
+    /// Prompt tokens before decoding.
+    #[arg(long, default_value_t = 64)]
+    prompt_len: usize,
+    /// New tokens per sequence (every sequence decodes exactly this many).
+    #[arg(long, default_value_t = 32)]
+    new_tokens: usize,
+    /// Tokens per sequence of the train step.
+    #[arg(long, default_value_t = 128)]
+    train_len: usize,
+    /// Timed runs per measurement, after one warm-up.
+    #[arg(long, default_value_t = 2)]
+    repeats: usize,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Train LoRA adapters of this rank (alpha = 2 rank, every
+    /// projection) instead of every weight.
+    #[arg(long)]
+    lora_rank: Option<usize>,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn bench_model(a: BenchModelArgs) -> Result<()> {
+    let report = actguide::bench_model::run(&ModelBenchConfig {
+        model: a.model,
+        batches: a.batches,
+        prompt_len: a.prompt_len,
+        new_tokens: a.new_tokens,
+        train_len: a.train_len,
+        repeats: a.repeats,
+        seed: a.seed,
+        lora: a.lora_rank.map(|rank| LoraConfig {
+            rank,
+            alpha: 2.0 * rank as f64,
+            ..Default::default()
+        }),
+        ..Default::default()
+    })?;
+    if a.json {
+        print_json(&report)?;
+    } else {
+        println!("{report}");
+    }
+    Ok(())
+}
+
+// Flags of `actguide bench`.
+#[derive(Args)]
+pub struct BenchArgs {
+    #[arg(long, default_value = "models/tiny")]
+    model: PathBuf,
+    #[arg(long, default_value = "envs/household/train.jsonl")]
+    panel: PathBuf,
+    /// Tasks per step.
+    #[arg(long, default_value_t = 8)]
+    tasks: usize,
+    /// Rollouts per task.
+    #[arg(long, default_value_t = 8)]
+    group: usize,
+    #[arg(long, default_value_t = 3)]
+    steps: usize,
+    /// Episode step limit.
+    #[arg(long, default_value_t = 20)]
+    max_steps: usize,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Guidance scripts whose entry-point cost per step is measured.
+    #[arg(long, num_args = 0.., default_values = ["scripts/guidance/gaussian.rhai", "scripts/guidance/actguide.rhai", "scripts/guidance/binary_search.rhai"])]
+    scripts: Vec<PathBuf>,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn bench(a: BenchArgs) -> Result<()> {
+    let report = actguide::bench::run(&BenchConfig {
+        model: a.model,
+        panel: a.panel,
+        tasks: a.tasks,
+        group: a.group,
+        steps: a.steps,
+        max_steps: a.max_steps,
+        seed: a.seed,
+        scripts: a.scripts,
+    })?;
+    if a.json {
+        print_json(&report)?;
+    } else {
+        println!("{report}");
+    }
+    Ok(())
+}

@@ -1,0 +1,228 @@
+//! What `actguide run` prints: the progress bar (on a terminal) or plain
+//! lines while the run goes, and the summary table when it ends.
+//!
+//! Progress goes to stderr (through the bar when there is one), the summary
+//! to stdout. Script output is prefixed `script:`, the runner's own notices
+//! (review-round bounds hit, env failures) `run:`.
+
+use std::io::IsTerminal;
+
+use actguide::rundir::{EvalLine, StepLine};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use actguide::experiment::{ComparisonSummary, Event, RunSummary};
+
+/// Prints run events: through the progress bar on a terminal, else as
+/// plain lines on stderr.
+pub struct EventPrinter {
+    bar: Option<ProgressBar>,
+    /// The experiment's step budget, for the plain `step N/M` lines.
+    steps: u64,
+}
+
+impl EventPrinter {
+    /// A bar over `steps` steps on a terminal, unless `plain`.
+    pub fn new(steps: usize, plain: bool) -> Self {
+        let tty = std::io::stderr().is_terminal() && !plain;
+        let steps = steps as u64;
+        let bar = tty.then(|| {
+            let b = ProgressBar::new(steps);
+            b.set_style(
+                ProgressStyle::with_template(
+                    "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} steps  ETA {eta}  {msg}",
+                )
+                .expect("static template"),
+            );
+            b
+        });
+        EventPrinter { bar, steps }
+    }
+
+    /// Clear the bar once the run is over (before the summary is printed).
+    pub fn finish(&self) {
+        if let Some(b) = &self.bar {
+            b.finish_and_clear();
+        }
+    }
+
+    /// A line above the bar, or on stderr without one.
+    fn say(&self, s: String) {
+        match &self.bar {
+            Some(b) => b.println(s),
+            None => eprintln!("{s}"),
+        }
+    }
+
+    pub fn print(&self, ev: Event) {
+        match ev {
+            Event::Started {
+                run_dir,
+                start_step,
+                steps,
+                params,
+                trainable,
+                train_tasks,
+                test_tasks,
+            } => {
+                if let Some(b) = &self.bar {
+                    b.set_length(steps as u64);
+                    b.set_position(start_step as u64);
+                }
+                self.say(format!(
+                    "run {} | steps {start_step}..{steps} | {params} parameters{} | {train_tasks} train / {test_tasks} test tasks",
+                    run_dir.display(),
+                    if trainable == params {
+                        String::new()
+                    } else {
+                        format!(" ({trainable} trainable)")
+                    }
+                ));
+            }
+            Event::Step { step, metrics } => {
+                let f = step_figures(&metrics);
+                match &self.bar {
+                    Some(b) => {
+                        b.set_position(step as u64 + 1);
+                        b.set_message(f.bar_message());
+                    }
+                    None => eprintln!("step {:>4}/{} | {}", step + 1, self.steps, f.line()),
+                }
+            }
+            Event::Eval { step, result } => self.say(eval_line(step, &result)),
+            Event::ScriptError(e) => self.say(format!("script error (kept going): {e}")),
+            Event::ScriptLog(l) => self.say(format!("script: {l}")),
+            Event::Log(l) => self.say(format!("run: {l}")),
+            Event::Reload { step, role, result } => self.say(match result {
+                Ok(h) => format!(
+                    "{role} script reloaded: version {h} in effect from step {}",
+                    step + 1
+                ),
+                Err(e) => format!(
+                    "{role} script NOT reloaded at step {} (last good version kept): {e}",
+                    step + 1
+                ),
+            }),
+            Event::Checkpoint(p) => {
+                if self.bar.is_none() {
+                    eprintln!("checkpoint {}", p.display());
+                }
+            }
+        }
+    }
+}
+
+/// The figures of a step's metrics line that the progress shows.
+struct StepFigures {
+    success: f64,
+    guided_frac: f64,
+    depth_mean: f64,
+    frac_zero_std: f64,
+    step_s: f64,
+    rollout_tokens_per_s: f64,
+    train_tokens_per_s: f64,
+}
+
+/// The one place that reads fields of a step's metrics line (absent
+/// fields show as 0).
+fn step_figures(m: &StepLine) -> StepFigures {
+    let z = |x: Option<f64>| x.unwrap_or(0.0);
+    let t = &m.time;
+    StepFigures {
+        success: z(m.batch.success),
+        guided_frac: z(m.guided_frac),
+        depth_mean: z(m.depth_mean),
+        frac_zero_std: z(m.frac_zero_std),
+        step_s: z(t.step_s),
+        rollout_tokens_per_s: z(t.rollout_tokens_per_s),
+        train_tokens_per_s: z(t.train_tokens_per_s),
+    }
+}
+
+impl StepFigures {
+    /// Next to the bar: short enough for one terminal line.
+    fn bar_message(&self) -> String {
+        format!(
+            "success {:.2} | depth {:.2} | {:.1}s/step",
+            self.success, self.depth_mean, self.step_s,
+        )
+    }
+
+    /// A plain step line (after `step N/M | `).
+    fn line(&self) -> String {
+        format!(
+            "train success {:.2} | guided {:.2} depth {:.2} | zero-std {:.2} | {:.1}s/step | {:.0} rollout tok/s {:.0} train tok/s",
+            self.success,
+            self.guided_frac,
+            self.depth_mean,
+            self.frac_zero_std,
+            self.step_s,
+            self.rollout_tokens_per_s,
+            self.train_tokens_per_s,
+        )
+    }
+}
+
+/// The line of an evaluation during the run (reads its result's fields).
+fn eval_line(step: usize, result: &EvalLine) -> String {
+    format!(
+        "eval @ step {step}: {} success {:.3} (by cluster {})",
+        result.panel.as_deref().unwrap_or("test"),
+        result.result.success.unwrap_or(0.0),
+        serde_json::json!(result.result.success_by_cluster)
+    )
+}
+
+/// A success rate with 3 decimals, `-` when not measured.
+fn rate(x: Option<f64>) -> String {
+    x.map_or("-".to_string(), |v| format!("{v:.3}"))
+}
+
+/// The end-of-run table.
+pub fn print_summary(summary: &RunSummary) {
+    println!("── summary ─────────────────────────────────────────────");
+    println!("run dir            {}", summary.run_dir.display());
+    println!("steps              {}", summary.steps_done);
+    println!(
+        "test success       start {}  →  end {}",
+        rate(summary.start_test_success),
+        rate(summary.end_test_success)
+    );
+    println!(
+        "wall time          {:.1} s ({:.2} s/step)",
+        summary.seconds, summary.seconds_per_step
+    );
+    println!(
+        "throughput         {:.0} rollout tok/s, {:.0} train tok/s",
+        summary.rollout_tokens_per_s, summary.train_tokens_per_s
+    );
+}
+
+/// The end-of-comparison table: one line per run and where the report is.
+pub fn print_comparison(out: &ComparisonSummary) {
+    println!(
+        "── comparison {} ──────────────────────────────",
+        out.dir.display()
+    );
+    println!(
+        "{:<22} {:>7} {:>9} {:>9} {:>9} {:>10}",
+        "run", "steps", "test@0", "test@end", "s/step", "wall s"
+    );
+    for s in &out.runs {
+        let name = s
+            .run_dir
+            .file_name()
+            .map(|n| n.to_string_lossy().to_string())
+            .unwrap_or_default();
+        println!(
+            "{name:<22} {:>7} {:>9} {:>9} {:>9.2} {:>10.1}",
+            s.steps_done,
+            rate(s.start_test_success),
+            rate(s.end_test_success),
+            s.seconds_per_step,
+            s.seconds
+        );
+    }
+    if let Some(r) = &out.report {
+        println!("report             {}", r.join("report.html").display());
+    }
+}

@@ -1,0 +1,71 @@
+//! `actguide run`: run an experiment file, a comparison, or resume a run.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+
+use actguide::experiment::{self, Comparison, Experiment, ExperimentFile, RunOptions};
+
+use super::print::{print_comparison, print_summary, EventPrinter};
+
+// Flags of `actguide run`.
+#[derive(Args)]
+pub struct RunArgs {
+    /// Experiment file (*.rhai); omit with --resume.
+    experiment: Option<PathBuf>,
+    /// Resume the run in this directory from its latest checkpoint.
+    #[arg(long)]
+    resume: Option<PathBuf>,
+    /// Stop after this many steps (the run can be resumed later).
+    #[arg(long)]
+    stop_after: Option<usize>,
+    /// Plain log lines even on a terminal.
+    #[arg(long)]
+    plain: bool,
+}
+
+pub fn run(args: RunArgs) -> Result<()> {
+    let RunArgs {
+        experiment,
+        resume,
+        stop_after,
+        plain,
+    } = args;
+    let exp = match (&experiment, &resume) {
+        (Some(p), None) => match ExperimentFile::load(p)? {
+            ExperimentFile::Single(e) => *e,
+            ExperimentFile::Compare(c) => return compare(&c, stop_after, plain),
+        },
+        (None, Some(d)) => resolved_config(d)?,
+        (Some(_), Some(_)) => bail!("give either an experiment file or --resume RUN_DIR, not both"),
+        (None, None) => {
+            bail!("give an experiment file (e.g. examples/quickstart.rhai) or --resume RUN_DIR")
+        }
+    };
+    let printer = EventPrinter::new(exp.steps, plain);
+    let summary = experiment::run(exp, &RunOptions { resume, stop_after }, &mut |ev| {
+        printer.print(ev)
+    })?;
+    printer.finish();
+    print_summary(&summary);
+    Ok(())
+}
+
+/// The resolved config a run wrote into its directory (`--resume`).
+fn resolved_config(run_dir: &std::path::Path) -> Result<Experiment> {
+    let p = run_dir.join("experiment.json");
+    let text = std::fs::read_to_string(&p)
+        .with_context(|| format!("{}: cannot read the run's resolved config", p.display()))?;
+    serde_json::from_str(&text).with_context(|| p.display().to_string())
+}
+
+/// Run a comparison, then print one line per run and where the report is.
+fn compare(c: &Comparison, stop_after: Option<usize>, plain: bool) -> Result<()> {
+    let steps = c.runs.first().map_or(0, |e| e.steps);
+    let printer = EventPrinter::new(steps, plain);
+    let out = experiment::run_comparison(c, stop_after, &mut |ev| printer.print(ev))?;
+    printer.finish();
+    print_comparison(&out);
+    Ok(())
+}
