@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use actguide::guidance::host::check_script;
+use actguide::guidance::check_script;
 use actguide::guidance::simulate::{simulate_file, table, SimParams, SimReport};
 
 const STRATEGIES: [&str; 15] = [

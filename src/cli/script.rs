@@ -16,7 +16,7 @@ pub struct CheckArgs {
 }
 
 pub fn check(args: CheckArgs) -> Result<()> {
-    for line in actguide::guidance::host::check_script(&args.script)? {
+    for line in actguide::guidance::check_script(&args.script)? {
         println!("{line}");
     }
     println!("ok");

@@ -1,14 +1,25 @@
 //! Guidance: the specs a strategy can ask for (none, prefix, plan, expert),
-//! task clusters, the strategy host that calls the guidance, reward and
+//! task clusters, the records scripts see and the decoding of what they
+//! return, the strategy host that calls the guidance, reward and
 //! intervention scripts, the review-round driver shared by training runs
-//! and `simulate`, and the synthetic learner of `simulate`.
+//! and `simulate`, the synthetic learner of `simulate`, and `actguide
+//! check`.
+//!
+//! Dependencies run one way: `spec` ← `views`, `decode` ← `host` ←
+//! `rounds` ← `simulate` ← `check` (each file imports only files to its
+//! left).
 
+pub mod check;
 pub mod clusters;
+pub mod decode;
 pub mod host;
 pub mod rounds;
 pub mod simulate;
 pub mod spec;
+pub mod views;
 
+pub use check::check_script;
 pub use clusters::Clusters;
-pub use host::{GuidanceHost, TaskResult, TaskView};
+pub use host::GuidanceHost;
 pub use spec::{GuidanceSpec, PlanLoss, ResolvedSpec};
+pub use views::{TaskResult, TaskView};

@@ -6,16 +6,15 @@
 
 use rhai::{Array, Dynamic, Map};
 
-use crate::guidance::host::{GuidanceHost, Review, RoundUse, TaskView};
-use crate::guidance::spec::{GuidanceSpec, ResolvedSpec};
+use crate::guidance::decode::{Review, RoundUse};
+use crate::guidance::host::GuidanceHost;
+use crate::guidance::spec::GuidanceSpec;
+use crate::guidance::views::TaskView;
 use crate::script::ScriptError;
 
-/// What the driver needs to know about an executed rollout.
-pub trait Outcome {
-    fn success(&self) -> bool;
-    fn reward(&self) -> f64;
-    fn resolved(&self) -> ResolvedSpec;
-}
+/// What the driver needs to know about an executed rollout (defined with
+/// the views, which build a task's results from it).
+pub use crate::guidance::views::Outcome;
 
 /// One rollout to execute: task index (into the step's tasks) and spec.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -20,10 +20,12 @@ use rand::Rng;
 use serde::Serialize;
 
 use crate::env::Task;
-use crate::guidance::host::{GuidanceHost, TaskResult, TaskView};
-use crate::guidance::rounds::{drive, DriveReport, Outcome, Request};
-use crate::guidance::{Clusters, ResolvedSpec};
-use crate::script::ScriptError;
+use crate::guidance::clusters::Clusters;
+use crate::guidance::host::GuidanceHost;
+use crate::guidance::rounds::{drive, DriveReport, Outcome, Request, TaskRounds};
+use crate::guidance::spec::ResolvedSpec;
+use crate::guidance::views::{mean, TaskResult, TaskView};
+use crate::script::{Effects, ScriptError};
 use crate::seed;
 
 /// Parameters of the synthetic learner and of the simulated run.
@@ -161,14 +163,6 @@ pub struct SimReport {
     pub script_seconds: f64,
 }
 
-fn mean(v: &[f64]) -> f64 {
-    if v.is_empty() {
-        0.0
-    } else {
-        v.iter().sum::<f64>() / v.len() as f64
-    }
-}
-
 fn round4(x: f64) -> f64 {
     (x * 1e4).round() / 1e4
 }
@@ -191,56 +185,145 @@ pub fn simulate(
             .iter()
             .map(|&i| {
                 let t = &panel[i];
-                let h = host.history(&t.id);
-                TaskView {
-                    id: t.id.clone(),
-                    task_type: t.task_type.clone(),
-                    cluster: clusters.of(t.expert.len()) as i64,
-                    expert_len: t.expert.len() as i64,
-                    difficulty: t.difficulty as i64,
-                    visits: h.visits,
-                    last_success: h.last_success,
-                    step: step as i64,
-                    total_steps: p.steps as i64,
-                    group_size: p.group_size as i64,
-                }
+                let cluster = clusters.of(t.expert.len());
+                TaskView::new(
+                    t,
+                    cluster,
+                    &host.history(&t.id),
+                    step,
+                    p.steps,
+                    p.group_size,
+                )
             })
             .collect();
-        let mut rng = seed::rng(p.seed, &[seed::label("simulate"), step as u64]);
-        let sk = skill;
-        let mut exec_s = 0.0f64;
-        let t_drive = std::time::Instant::now();
-        let mut exec =
-            |_: &mut GuidanceHost, reqs: &[Request]| -> Result<Vec<SimEpisode>, ScriptError> {
-                let t0 = std::time::Instant::now();
-                let out = reqs
-                    .iter()
-                    .map(|r| {
-                        let len = lens[idx[r.task]];
-                        let spec = r.spec.resolve(len);
-                        let success = rng.random::<f64>() < p.p_success(sk, len, &spec);
-                        SimEpisode { spec, success }
-                    })
-                    .collect();
-                exec_s += t0.elapsed().as_secs_f64();
-                Ok(out)
-            };
-        let mut report = DriveReport::default();
-        let groups = drive(host, step, &views, p.max_rounds, &mut exec, &mut report)?;
-        // Host calls (plan, review) and the driver's bookkeeping; the
-        // learner's own time is taken out.
-        script_seconds += t_drive.elapsed().as_secs_f64() - exec_s;
-        let mut results = Vec::new();
-        let mut by_cluster: BTreeMap<String, ClusterAcc> = BTreeMap::new();
-        let mut succ_all = Vec::new();
-        let mut guided = Vec::new();
-        let mut informative = 0usize;
-        let mut signal = 0.0f64;
-        for (v, g) in views.iter().zip(&groups) {
+        let played = play_rounds(host, step, &views, &idx, &lens, skill, p)?;
+        // Host calls (plan, review) and the driver's bookkeeping.
+        script_seconds += played.script_s;
+        let (groups, mut report) = (played.groups, played.report);
+        let batch = StepBatch::collect(&views, &groups, skill, p);
+        let mut extra = BTreeMap::new();
+        extra.insert("skill".to_string(), skill);
+        let t_upd = std::time::Instant::now();
+        let err = host.update(step, &batch.results, &extra);
+        script_seconds += t_upd.elapsed().as_secs_f64();
+        report.errors.extend(err);
+        host.end_step();
+        let effects = host.take_effects();
+        let signal = batch.signal;
+        rows.push(batch.row(
+            step,
+            skill,
+            p_unguided(p, skill, &lens),
+            &groups,
+            effects,
+            &report,
+        ));
+        skill += p.learn_rate * signal / views.len().max(1) as f64 + p.drift;
+    }
+    Ok(SimReport {
+        script: host.script().file(),
+        params: p.clone(),
+        mean_rollouts_per_step: round4(mean(
+            &rows.iter().map(|r| r.rollouts as f64).collect::<Vec<_>>(),
+        )),
+        final_p_unguided: round4(p_unguided(p, skill, &lens)),
+        rows,
+        script_seconds,
+    })
+}
+
+/// Mean unguided success probability over the panel at horizon `skill`.
+fn p_unguided(p: &SimParams, skill: f64, lens: &[usize]) -> f64 {
+    mean(
+        &lens
+            .iter()
+            .map(|&l| p.p_success(skill, l, &ResolvedSpec::default()))
+            .collect::<Vec<_>>(),
+    )
+}
+
+/// One step's rounds, played by the learner.
+struct Played {
+    groups: Vec<TaskRounds<SimEpisode>>,
+    report: DriveReport,
+    /// Seconds of the drive spent outside the learner.
+    script_s: f64,
+}
+
+/// Drive `plan` and the review rounds of one step, the learner (at
+/// horizon `skill`) executing every batch of requests.
+fn play_rounds(
+    host: &mut GuidanceHost,
+    step: usize,
+    views: &[TaskView],
+    idx: &[usize],
+    lens: &[usize],
+    skill: f64,
+    p: &SimParams,
+) -> Result<Played, ScriptError> {
+    let mut rng = seed::rng(p.seed, &[seed::label("simulate"), step as u64]);
+    let mut exec_s = 0.0f64;
+    let t_drive = std::time::Instant::now();
+    let mut exec =
+        |_: &mut GuidanceHost, reqs: &[Request]| -> Result<Vec<SimEpisode>, ScriptError> {
+            let t0 = std::time::Instant::now();
+            let out = reqs
+                .iter()
+                .map(|r| {
+                    let len = lens[idx[r.task]];
+                    let spec = r.spec.resolve(len);
+                    let success = rng.random::<f64>() < p.p_success(skill, len, &spec);
+                    SimEpisode { spec, success }
+                })
+                .collect();
+            exec_s += t0.elapsed().as_secs_f64();
+            Ok(out)
+        };
+    let mut report = DriveReport::default();
+    let groups = drive(host, step, views, p.max_rounds, &mut exec, &mut report)?;
+    // The learner's own time is taken out.
+    let script_s = t_drive.elapsed().as_secs_f64() - exec_s;
+    Ok(Played {
+        groups,
+        report,
+        script_s,
+    })
+}
+
+/// One step's training groups: the batch for `update` and the statistics
+/// of the step's row.
+struct StepBatch {
+    results: Vec<TaskResult>,
+    by_cluster: BTreeMap<String, ClusterAcc>,
+    /// Rewards and guided flags (1/0) of every training rollout.
+    succ_all: Vec<f64>,
+    guided: Vec<f64>,
+    /// Tasks whose group had mixed outcomes (a GRPO signal), and their
+    /// summed weight min(1, m / h) for the learner's progress.
+    informative: usize,
+    signal: f64,
+}
+
+impl StepBatch {
+    fn collect(
+        views: &[TaskView],
+        groups: &[TaskRounds<SimEpisode>],
+        skill: f64,
+        p: &SimParams,
+    ) -> Self {
+        let mut b = StepBatch {
+            results: Vec::new(),
+            by_cluster: BTreeMap::new(),
+            succ_all: Vec::new(),
+            guided: Vec::new(),
+            informative: 0,
+            signal: 0.0,
+        };
+        for (v, g) in views.iter().zip(groups) {
             let tr: Vec<&SimEpisode> = g.training().map(|r| &r.ep).collect();
             let s: Vec<f64> = tr.iter().map(|e| e.reward()).collect();
             if s.iter().any(|&x| x > 0.0) && s.contains(&0.0) {
-                informative += 1;
+                b.informative += 1;
                 let len = v.expert_len.max(0) as usize;
                 let m = mean(
                     &tr.iter()
@@ -248,109 +331,83 @@ pub fn simulate(
                         .map(|e| p.to_play(len, &e.spec))
                         .collect::<Vec<_>>(),
                 );
-                signal += (m / skill.max(1e-9)).min(1.0);
+                b.signal += (m / skill.max(1e-9)).min(1.0);
             }
-            succ_all.extend(s.iter().copied());
-            guided.extend(tr.iter().map(|e| f64::from(u8::from(e.spec.is_guided()))));
+            b.succ_all.extend(s.iter().copied());
+            b.guided
+                .extend(tr.iter().map(|e| f64::from(u8::from(e.spec.is_guided()))));
             let len = v.expert_len.max(1) as f64;
-            let depths: Vec<f64> = tr.iter().map(|e| e.spec.prefix as f64).collect();
-            let acc = by_cluster.entry(v.cluster.to_string()).or_default();
+            let acc = b.by_cluster.entry(v.cluster.to_string()).or_default();
             for e in &tr {
                 acc.ratios.push(e.spec.prefix as f64 / len);
                 acc.plan_ks.push(e.spec.plan as f64);
                 acc.rewards.push(e.reward());
             }
             acc.first_depths.extend(tr.first().map(|e| e.spec.prefix));
-            results.push(TaskResult {
-                id: v.id.clone(),
-                task_type: v.task_type.clone(),
-                cluster: v.cluster,
-                expert_len: v.expert_len,
-                depth: mean(&depths),
-                depth_ratio: mean(&depths) / len,
-                plan_k: mean(&tr.iter().map(|e| e.spec.plan as f64).collect::<Vec<_>>()),
-                guided: tr.iter().any(|e| e.spec.is_guided()),
-                rewards: s.clone(),
-                successes: tr.iter().map(|e| e.success).collect(),
-                success_rate: mean(&s),
-                rollouts: g.spent() as i64,
-                rounds: g.rounds as i64,
-            });
+            b.results
+                .push(TaskResult::from_group(v, tr, g.spent(), g.rounds));
         }
-        let frac_zero_std = 1.0 - informative as f64 / views.len().max(1) as f64;
-        let mut extra = BTreeMap::new();
-        extra.insert("skill".to_string(), skill);
-        let t_upd = std::time::Instant::now();
-        let err = host.update(step, &results, &extra);
-        script_seconds += t_upd.elapsed().as_secs_f64();
-        report.errors.extend(err);
-        host.end_step();
-        let effects = host.take_effects();
-        let p_unguided = mean(
-            &lens
-                .iter()
-                .map(|&l| p.p_success(skill, l, &ResolvedSpec::default()))
-                .collect::<Vec<_>>(),
-        );
-        let clusters_row = by_cluster
-            .into_iter()
-            .map(|(k, a)| {
-                let mu = mean(&a.ratios);
-                let var = mean(
-                    &a.ratios
-                        .iter()
-                        .map(|x| (x - mu).powi(2))
-                        .collect::<Vec<_>>(),
-                );
-                let row = ClusterRow {
-                    tasks: a.first_depths.len(),
-                    depth_mu: round4(mu),
-                    depth_sigma: round4(var.sqrt()),
-                    plan_k: round4(mean(&a.plan_ks)),
-                    success: round4(mean(&a.rewards)),
-                    depths: a.first_depths,
-                };
-                (k, row)
-            })
-            .collect();
-        rows.push(SimRow {
+        b
+    }
+
+    /// The step's row of the table.
+    fn row(
+        self,
+        step: usize,
+        skill: f64,
+        p_unguided: f64,
+        groups: &[TaskRounds<SimEpisode>],
+        effects: Effects,
+        report: &DriveReport,
+    ) -> SimRow {
+        let frac_zero_std = 1.0 - self.informative as f64 / groups.len().max(1) as f64;
+        SimRow {
             step,
             skill: round4(skill),
             p_unguided: round4(p_unguided),
-            success: round4(mean(&succ_all)),
-            guided_frac: round4(mean(&guided)),
+            success: round4(mean(&self.succ_all)),
+            guided_frac: round4(mean(&self.guided)),
             rollouts: groups.iter().map(|g| g.spent()).sum(),
             probes: groups.iter().map(|g| g.probes()).sum(),
             rounds: round4(mean(
                 &groups.iter().map(|g| g.rounds as f64).collect::<Vec<_>>(),
             )),
             frac_zero_std: round4(frac_zero_std),
-            clusters: clusters_row,
+            clusters: self
+                .by_cluster
+                .into_iter()
+                .map(|(k, a)| (k, a.row()))
+                .collect(),
             metrics: effects
                 .metrics
                 .into_iter()
                 .map(|(k, v)| (k, round4(v)))
                 .collect(),
             errors: report.errors.iter().map(|e| e.to_string()).collect(),
-        });
-        skill += p.learn_rate * signal / views.len().max(1) as f64 + p.drift;
+        }
     }
-    let final_p = mean(
-        &lens
-            .iter()
-            .map(|&l| p.p_success(skill, l, &ResolvedSpec::default()))
-            .collect::<Vec<_>>(),
-    );
-    Ok(SimReport {
-        script: host.script().file(),
-        params: p.clone(),
-        mean_rollouts_per_step: round4(mean(
-            &rows.iter().map(|r| r.rollouts as f64).collect::<Vec<_>>(),
-        )),
-        final_p_unguided: round4(final_p),
-        rows,
-        script_seconds,
-    })
+}
+
+impl ClusterAcc {
+    /// The cluster's depth statistics, rounded for the table.
+    fn row(self) -> ClusterRow {
+        let mu = mean(&self.ratios);
+        let var = mean(
+            &self
+                .ratios
+                .iter()
+                .map(|x| (x - mu).powi(2))
+                .collect::<Vec<_>>(),
+        );
+        ClusterRow {
+            tasks: self.first_depths.len(),
+            depth_mu: round4(mu),
+            depth_sigma: round4(var.sqrt()),
+            plan_k: round4(mean(&self.plan_ks)),
+            success: round4(mean(&self.rewards)),
+            depths: self.first_depths,
+        }
+    }
 }
 
 /// The readable per-step table.

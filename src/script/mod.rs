@@ -503,13 +503,6 @@ impl Script {
         self.path.display().to_string()
     }
 
-    /// Every file this version was built from (the script and its imports).
-    pub fn files(&self) -> Vec<PathBuf> {
-        std::iter::once(self.path.clone())
-            .chain(self.imports.iter().map(|(p, _)| p.clone()))
-            .collect()
-    }
-
     /// Does the script define `name` with `arity` parameters?
     pub fn has_fn(&self, name: &str, arity: usize) -> bool {
         self.fns.iter().any(|(n, a)| n == name && *a == arity)

@@ -179,7 +179,8 @@ fn resume_state(
         .opt
         .load_state(&l.optimizer, l.state.optimizer_t)
         .map_err(resume)?;
-    host.restore(&l.state.host).map_err(resume)?;
+    host.restore(&l.state.host)
+        .map_err(|e| resume(e.to_string()))?;
     host.set_source(Role::Guidance, Path::new(&exp.guidance.script));
     Ok(ScriptState {
         start_step: l.state.step,

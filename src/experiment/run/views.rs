@@ -2,7 +2,6 @@
 
 use super::Ctx;
 use crate::env::Task;
-use crate::experiment::metrics::mean;
 use crate::guidance::host::EpisodeView;
 use crate::guidance::rounds::{Outcome, TaskRounds};
 use crate::guidance::{ResolvedSpec, TaskResult, TaskView};
@@ -39,44 +38,20 @@ impl Outcome for rollout::Episode {
 }
 
 pub(super) fn task_view(ctx: &Ctx, task: &Task, step: usize) -> TaskView {
-    let h = ctx.host.history(&task.id);
-    TaskView {
-        id: task.id.clone(),
-        task_type: task.task_type.clone(),
-        cluster: ctx.clusters.of(task.expert.len()) as i64,
-        expert_len: task.expert.len() as i64,
-        difficulty: task.difficulty as i64,
-        visits: h.visits,
-        last_success: h.last_success,
-        step: step as i64,
-        total_steps: ctx.exp.steps as i64,
-        group_size: ctx.exp.rollout.group_size as i64,
-    }
+    TaskView::new(
+        task,
+        ctx.clusters.of(task.expert.len()),
+        &ctx.host.history(&task.id),
+        step,
+        ctx.exp.steps,
+        ctx.exp.rollout.group_size,
+    )
 }
 
 /// What the guidance script's `update` learns of a task's step: its
-/// training group's guidance and outcomes.
+/// training group's guidance and outcomes. `TaskResult::from_group` reads
+/// only the view's task identity (id, type, cluster, expert length).
 pub(super) fn task_result(ctx: &Ctx, task: &Task, g: &TaskRounds<rollout::Episode>) -> TaskResult {
-    let grp: Vec<&rollout::Episode> = g.training().map(|r| &r.ep).collect();
-    let depths: Vec<f64> = grp.iter().map(|e| e.spec.prefix as f64).collect();
-    let len = task.expert.len().max(1) as f64;
-    TaskResult {
-        id: task.id.clone(),
-        task_type: task.task_type.clone(),
-        cluster: ctx.clusters.of(task.expert.len()) as i64,
-        expert_len: task.expert.len() as i64,
-        depth: mean(&depths),
-        depth_ratio: mean(&depths) / len,
-        plan_k: mean(&grp.iter().map(|e| e.spec.plan as f64).collect::<Vec<_>>()),
-        guided: grp.iter().any(|e| e.spec.is_guided()),
-        rewards: grp.iter().map(|e| e.reward).collect(),
-        successes: grp.iter().map(|e| e.success).collect(),
-        success_rate: mean(
-            &grp.iter()
-                .map(|e| f64::from(u8::from(e.success)))
-                .collect::<Vec<_>>(),
-        ),
-        rollouts: g.spent() as i64,
-        rounds: g.rounds as i64,
-    }
+    let view = task_view(ctx, task, 0);
+    TaskResult::from_group(&view, g.training().map(|r| &r.ep), g.spent(), g.rounds)
 }
