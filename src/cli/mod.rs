@@ -15,6 +15,16 @@ pub mod tasks;
 
 use anyhow::Result;
 
+/// Print a report as pretty JSON (`--json`) or as its table.
+fn print_report<T: serde::Serialize + std::fmt::Display>(report: &T, json: bool) -> Result<()> {
+    if json {
+        print_json(report)
+    } else {
+        println!("{report}");
+        Ok(())
+    }
+}
+
 /// Print `value` as pretty JSON (the `--json` flag of several commands).
 fn print_json<T: serde::Serialize>(value: &T) -> Result<()> {
     println!("{}", serde_json::to_string_pretty(value)?);

@@ -10,7 +10,7 @@ use actguide::bench::BenchConfig;
 use actguide::bench_model::ModelBenchConfig;
 use actguide::model::LoraConfig;
 
-use super::print_json;
+use super::print_report;
 use actguide::env::BuiltinEnv;
 
 // Flags of `actguide init-tiny`.
@@ -88,12 +88,7 @@ pub fn bench_model(a: BenchModelArgs) -> Result<()> {
         }),
         ..Default::default()
     })?;
-    if a.json {
-        print_json(&report)?;
-    } else {
-        println!("{report}");
-    }
-    Ok(())
+    print_report(&report, a.json)
 }
 
 // Flags of `actguide bench`.
@@ -135,10 +130,5 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         seed: a.seed,
         scripts: a.scripts,
     })?;
-    if a.json {
-        print_json(&report)?;
-    } else {
-        println!("{report}");
-    }
-    Ok(())
+    print_report(&report, a.json)
 }

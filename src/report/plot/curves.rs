@@ -48,6 +48,19 @@ fn smoothing_note(w: usize) -> String {
     }
 }
 
+/// Legend keys of a per-step curve: the moving average and the faint raw
+/// line when smoothing (`w > 1`), the raw line alone otherwise.
+fn smoothing_keys(w: usize) -> Vec<Key> {
+    if w > 1 {
+        vec![
+            Key::Line(Stroke::Solid, "moving average"),
+            Key::Line(Stroke::Faint, "per step"),
+        ]
+    } else {
+        vec![Key::Line(Stroke::Solid, "per step")]
+    }
+}
+
 pub(super) fn steps_window(w: usize) -> String {
     if w == 1 {
         "1 step (no smoothing)".into()
@@ -75,14 +88,7 @@ pub(super) fn success_train(
         }
     }
     p.marks = marks.to_vec();
-    let keys = if w > 1 {
-        vec![
-            Key::Line(Stroke::Solid, "moving average"),
-            Key::Line(Stroke::Faint, "per step"),
-        ]
-    } else {
-        vec![Key::Line(Stroke::Solid, "per step")]
-    };
+    let keys = smoothing_keys(w);
     render(
         runs,
         Spec {
@@ -325,14 +331,7 @@ pub(super) fn throughput(runs: &[Run], x: (f64, f64), w: usize) -> Result<Figure
             }
         }
     }
-    let keys = if w > 1 {
-        vec![
-            Key::Line(Stroke::Solid, "moving average"),
-            Key::Line(Stroke::Faint, "per step"),
-        ]
-    } else {
-        vec![Key::Line(Stroke::Solid, "per step")]
-    };
+    let keys = smoothing_keys(w);
     render(
         runs,
         Spec {
