@@ -13,7 +13,7 @@ use rand_chacha::ChaCha8Rng;
 
 use super::step_line::step_line;
 use super::timings::{Phase, Timings};
-use super::views::{episode_view, task_result, task_view};
+use super::views::{episode_view, task_view};
 use super::{log_reload, reload_if_edited, Ctx, Event, RunError};
 use crate::env::{Env, Task};
 use crate::experiment::config::Experiment;
@@ -58,10 +58,10 @@ pub(super) fn train_step(
         &batch,
         &timings,
     )?;
-    let results: Vec<TaskResult> = task_idx
+    let results: Vec<TaskResult> = views
         .iter()
         .zip(&driven.groups)
-        .map(|(&ti, g)| task_result(ctx, &ctx.train[ti], g))
+        .map(|(v, g)| TaskResult::from_group(v, g.training().map(|r| &r.ep), g.spent(), g.rounds))
         .collect();
     let update = update_script(&mut ctx.host, step, &results, &tstats, &timings, on_event);
     let line = step_line(ctx, step, &driven, &batch, &tstats, &update, &timings);

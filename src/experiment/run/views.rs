@@ -3,8 +3,8 @@
 use super::Ctx;
 use crate::env::Task;
 use crate::guidance::host::EpisodeView;
-use crate::guidance::rounds::{Outcome, TaskRounds};
-use crate::guidance::{ResolvedSpec, TaskResult, TaskView};
+use crate::guidance::rounds::Outcome;
+use crate::guidance::{ResolvedSpec, TaskView};
 use crate::rollout;
 
 /// What a reward script sees of an episode.
@@ -46,12 +46,4 @@ pub(super) fn task_view(ctx: &Ctx, task: &Task, step: usize) -> TaskView {
         ctx.exp.steps,
         ctx.exp.rollout.group_size,
     )
-}
-
-/// What the guidance script's `update` learns of a task's step: its
-/// training group's guidance and outcomes. `TaskResult::from_group` reads
-/// only the view's task identity (id, type, cluster, expert length).
-pub(super) fn task_result(ctx: &Ctx, task: &Task, g: &TaskRounds<rollout::Episode>) -> TaskResult {
-    let view = task_view(ctx, task, 0);
-    TaskResult::from_group(&view, g.training().map(|r| &r.ep), g.spent(), g.rounds)
 }
