@@ -13,8 +13,8 @@ use crate::experiment::RunError;
 use crate::model::{ModelError, ModelSource, Policy};
 use crate::rollout::chat::{ChatTemplate, PromptFormat};
 use crate::rollout::RolloutOptions;
+use crate::rundir::checkpoint::Loaded;
 use crate::seed;
-use crate::train::checkpoint::Loaded;
 
 /// The device an experiment asks for (`model.device`).
 pub fn device(exp: &Experiment) -> Result<Device, RunError> {

@@ -6,7 +6,6 @@
 //! cosine learning rate.
 
 pub mod advantage;
-pub mod checkpoint;
 pub mod optim;
 pub mod schedule;
 
