@@ -7,13 +7,13 @@ use std::path::PathBuf;
 use candle_core::Device;
 
 use crate::env::{make_env, panel, Env};
-use crate::experiment::config::TrainerSection;
 use crate::experiment::RunError;
 use crate::guidance::ResolvedSpec;
 use crate::model::{ModelConfig, Policy, Tok};
 use crate::rollout::chat::PromptFormat;
 use crate::rollout::{self, EpisodeRequest, RolloutOptions};
 use crate::seed;
+use crate::train::TrainerSection;
 use crate::train::{build_samples, group_advantages, AdvantageKind, Trainer};
 
 /// What to measure.

@@ -18,7 +18,7 @@ use crate::seed;
 
 /// The device an experiment asks for (`model.device`).
 pub fn device(exp: &Experiment) -> Result<Device, RunError> {
-    crate::model::device::parse(&exp.model.device).map_err(RunError::Model)
+    exp.model.device.open().map_err(RunError::Model)
 }
 
 /// Opens the experiment's `model.path`.
@@ -77,7 +77,7 @@ pub fn rollout_options(
     src: &ModelSource,
     record_prefix: bool,
 ) -> Result<RolloutOptions, RunError> {
-    let mut format = PromptFormat::parse(&exp.rollout.format).unwrap_or_default();
+    let mut format = exp.rollout.format;
     if let (PromptFormat::Chat(None), Some(t)) = (format, src.chat_template()) {
         let template = ChatTemplate::from_jinja(t).ok_or_else(|| RunError::ChatTemplate {
             origin: src.chat_template_origin(),

@@ -1,21 +1,41 @@
 //! Devices by name (`model.device`): `"cpu"` (the default), `"cuda"` or
 //! `"cuda:N"`. CUDA needs a build with `--features cuda` and a GPU; the
 //! model then runs in f32 there too.
+//!
+//! [`DeviceSpec`] is the setting as an experiment file holds it: it
+//! (de)serializes as its name, so an unknown name fails while the file is
+//! read, and it touches no hardware until [`DeviceSpec::open`].
+
+use std::fmt;
+use std::str::FromStr;
 
 use candle_core::Device;
+use serde::{Deserialize, Serialize};
 
 use super::error::{ModelError, Result};
 
 /// What a device name asks for, without touching any hardware.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+///
+/// Written back as `"cpu"` or `"cuda:N"` (`"cuda"` reads as `"cuda:0"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
 pub enum DeviceSpec {
+    #[default]
     Cpu,
     Cuda(usize),
 }
 
-impl DeviceSpec {
+/// A device name that is none of `cpu`, `cuda`, `cuda:N`. The message
+/// completes the setting's key ("model.device must be …") in config errors.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("must be \"cpu\", \"cuda\" or \"cuda:N\", got \"{0}\"")]
+pub struct UnknownDevice(pub String);
+
+impl FromStr for DeviceSpec {
+    type Err = UnknownDevice;
+
     /// Parses `cpu`, `cuda`, `cuda:N`.
-    pub fn parse(s: &str) -> Result<DeviceSpec> {
+    fn from_str(s: &str) -> std::result::Result<Self, UnknownDevice> {
         match s {
             "cpu" => Ok(DeviceSpec::Cpu),
             "cuda" => Ok(DeviceSpec::Cuda(0)),
@@ -23,12 +43,42 @@ impl DeviceSpec {
                 .strip_prefix("cuda:")
                 .and_then(|n| n.parse().ok())
                 .map(DeviceSpec::Cuda)
-                .ok_or_else(|| {
-                    ModelError::InvalidConfig(format!(
-                        "device \"{s}\": expected \"cpu\", \"cuda\" or \"cuda:N\""
-                    ))
-                }),
+                .ok_or_else(|| UnknownDevice(s.to_string())),
         }
+    }
+}
+
+impl TryFrom<String> for DeviceSpec {
+    type Error = UnknownDevice;
+
+    fn try_from(s: String) -> std::result::Result<Self, UnknownDevice> {
+        s.parse()
+    }
+}
+
+impl From<DeviceSpec> for String {
+    fn from(d: DeviceSpec) -> String {
+        d.to_string()
+    }
+}
+
+impl fmt::Display for DeviceSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeviceSpec::Cpu => f.write_str("cpu"),
+            DeviceSpec::Cuda(n) => write!(f, "cuda:{n}"),
+        }
+    }
+}
+
+impl DeviceSpec {
+    /// Parses `cpu`, `cuda`, `cuda:N`.
+    pub fn parse(s: &str) -> Result<DeviceSpec> {
+        s.parse().map_err(|_| {
+            ModelError::InvalidConfig(format!(
+                "device \"{s}\": expected \"cpu\", \"cuda\" or \"cuda:N\""
+            ))
+        })
     }
 
     /// Whether this build can use the device at all.
@@ -38,23 +88,33 @@ impl DeviceSpec {
             DeviceSpec::Cuda(_) => candle_core::utils::cuda_is_available(),
         }
     }
+
+    /// Opens the device; `name` is what the user wrote, for errors.
+    fn open_named(self, name: &str) -> Result<Device> {
+        match self {
+            DeviceSpec::Cpu => Ok(Device::Cpu),
+            DeviceSpec::Cuda(n) => {
+                if !self.compiled() {
+                    return Err(ModelError::InvalidConfig(format!(
+                        "device \"{name}\" needs a build with `--features cuda`"
+                    )));
+                }
+                Device::new_cuda(n).map_err(|e| {
+                    ModelError::InvalidConfig(format!("device \"{name}\" cannot be opened: {e}"))
+                })
+            }
+        }
+    }
+
+    /// Opens the device.
+    pub fn open(self) -> Result<Device> {
+        self.open_named(&self.to_string())
+    }
 }
 
 /// Opens the device `s` names.
 pub fn parse(s: &str) -> Result<Device> {
-    match DeviceSpec::parse(s)? {
-        DeviceSpec::Cpu => Ok(Device::Cpu),
-        DeviceSpec::Cuda(n) => {
-            if !DeviceSpec::Cuda(n).compiled() {
-                return Err(ModelError::InvalidConfig(format!(
-                    "device \"{s}\" needs a build with `--features cuda`"
-                )));
-            }
-            Device::new_cuda(n).map_err(|e| {
-                ModelError::InvalidConfig(format!("device \"{s}\" cannot be opened: {e}"))
-            })
-        }
-    }
+    DeviceSpec::parse(s)?.open_named(s)
 }
 
 #[cfg(test)]
@@ -74,5 +134,23 @@ mod tests {
             let e = parse("cuda:0").unwrap_err().to_string();
             assert!(e.contains("--features cuda"), "{e}");
         }
+    }
+
+    #[test]
+    fn specs_round_trip_through_serde_as_their_names() {
+        for (name, spec, back) in [
+            ("cpu", DeviceSpec::Cpu, "cpu"),
+            ("cuda", DeviceSpec::Cuda(0), "cuda:0"),
+            ("cuda:2", DeviceSpec::Cuda(2), "cuda:2"),
+        ] {
+            let d: DeviceSpec = serde_json::from_value(serde_json::json!(name)).unwrap();
+            assert_eq!(d, spec);
+            assert_eq!(serde_json::to_value(d).unwrap(), serde_json::json!(back));
+        }
+        let e = serde_json::from_value::<DeviceSpec>(serde_json::json!("gpu"))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(e, "must be \"cpu\", \"cuda\" or \"cuda:N\", got \"gpu\"");
+        assert!(DeviceSpec::default().open().unwrap().is_cpu());
     }
 }

@@ -29,8 +29,10 @@ pub enum ChatTemplate {
     Llama3,
 }
 
-/// How the runner formats prompts and reads answers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// How the runner formats prompts and reads answers. As a setting
+/// (`rollout.format`) it (de)serializes as one of [`PromptFormat::VALUES`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(try_from = "String", into = "&'static str")]
 pub enum PromptFormat {
     /// The word-level format of [`super::prompt`]: the answer is the bare
     /// action and the model's eos.
@@ -54,6 +56,37 @@ impl PromptFormat {
             "llama3" => PromptFormat::Chat(Some(ChatTemplate::Llama3)),
             _ => return None,
         })
+    }
+
+    /// The `rollout.format` value that parses to this format.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PromptFormat::Plain => "plain",
+            PromptFormat::Chat(None) => "chat",
+            PromptFormat::Chat(Some(ChatTemplate::ChatMl)) => "chatml",
+            PromptFormat::Chat(Some(ChatTemplate::Llama3)) => "llama3",
+        }
+    }
+}
+
+/// A `rollout.format` value that is none of [`PromptFormat::VALUES`]. The
+/// message completes the setting's key ("rollout.format must be …") in
+/// config errors.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("must be \"plain\", \"chat\", \"chatml\" or \"llama3\", got \"{0}\"")]
+pub struct UnknownFormat(pub String);
+
+impl TryFrom<String> for PromptFormat {
+    type Error = UnknownFormat;
+
+    fn try_from(s: String) -> Result<Self, UnknownFormat> {
+        PromptFormat::parse(&s).ok_or(UnknownFormat(s))
+    }
+}
+
+impl From<PromptFormat> for &'static str {
+    fn from(f: PromptFormat) -> &'static str {
+        f.as_str()
     }
 }
 
@@ -416,6 +449,18 @@ mod tests {
         assert!(PromptFormat::VALUES
             .iter()
             .all(|v| PromptFormat::parse(v).is_some()));
+        for v in PromptFormat::VALUES {
+            let f: PromptFormat = serde_json::from_value(serde_json::json!(v)).unwrap();
+            assert_eq!(f.as_str(), *v);
+            assert_eq!(serde_json::to_value(f).unwrap(), serde_json::json!(v));
+        }
+        let e = serde_json::from_value::<PromptFormat>(serde_json::json!("jinja"))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "must be \"plain\", \"chat\", \"chatml\" or \"llama3\", got \"jinja\""
+        );
     }
 
     #[test]

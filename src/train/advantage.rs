@@ -1,22 +1,13 @@
 //! Group-relative advantages (GRPO and Dr.GRPO).
 
 /// How group rewards become advantages.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum AdvantageKind {
     /// (r − mean) / (std + 1e-6), std unbiased as in torch.std.
     Grpo,
     /// r − mean (Dr.GRPO: no std division).
     DrGrpo,
-}
-
-impl AdvantageKind {
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "grpo" => Some(AdvantageKind::Grpo),
-            "dr_grpo" => Some(AdvantageKind::DrGrpo),
-            _ => None,
-        }
-    }
 }
 
 /// Advantages of one group's rewards. A group whose rewards are all equal

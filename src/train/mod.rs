@@ -8,6 +8,7 @@
 pub mod advantage;
 pub mod optim;
 pub mod schedule;
+pub mod settings;
 
 use std::time::Instant;
 
@@ -16,12 +17,12 @@ use rand::seq::SliceRandom;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
-use crate::experiment::config::TrainerSection;
 use crate::guidance::PlanLoss;
 use crate::model::{ModelError, Policy, ScoreBatch};
 use crate::rollout::Episode;
 pub use advantage::{group_advantages, is_zero_std, AdvantageKind};
 pub use optim::{AdamW, AdamWParams};
+pub use settings::{Aggregation, Schedule, TrainerSection};
 
 /// One scored sequence: a turn's prompt followed by its action tokens.
 #[derive(Debug, Clone, PartialEq)]
@@ -229,7 +230,7 @@ impl Trainer {
             step,
             self.total_steps,
             self.cfg.warmup_steps,
-            self.cfg.schedule == "cosine",
+            self.cfg.schedule == Schedule::Cosine,
             self.cfg.min_lr_ratio,
         )
     }
@@ -362,7 +363,7 @@ impl Trainer {
                         old.push(0.0);
                         off.push(0.0);
                     } else {
-                        let w = if c.aggregation == "token_mean" {
+                        let w = if c.aggregation == Aggregation::TokenMean {
                             1.0 / policy_tokens.max(1e-9)
                         } else {
                             1.0 / (ep_tokens[&s.episode].max(1e-9) * n_eps as f64)

@@ -8,6 +8,7 @@ use serde_json::Value;
 
 use super::{Ctx, Event, RunError};
 use crate::env::{Env, Task};
+use crate::experiment::config::EvalPanel;
 use crate::experiment::eval::{evaluate, EvalSet};
 use crate::experiment::metrics::round;
 use crate::rundir::tensorboard::{scalars_from_json, wall_time_now};
@@ -22,10 +23,9 @@ pub(super) fn run_eval(
 ) -> Result<(), RunError> {
     let e = ctx.exp.evaluation.clone();
     for (i, panel) in e.panels.iter().enumerate() {
-        let tasks = if panel == "train" {
-            &ctx.train
-        } else {
-            &ctx.test
+        let tasks = match panel {
+            EvalPanel::Train => &ctx.train,
+            EvalPanel::Test => &ctx.test,
         };
         let n = if e.max_tasks == 0 {
             tasks.len()
@@ -38,8 +38,8 @@ pub(super) fn run_eval(
         // The test panel keeps the stream it always had, so adding a
         // train panel changes no test number.
         let mut labels = vec![seed::label("eval"), step as u64];
-        if panel != "test" {
-            labels.push(seed::label(panel));
+        if *panel != EvalPanel::Test {
+            labels.push(seed::label(panel.as_str()));
         }
         let mut rng = seed::rng(ctx.exp.seed, &labels);
         let samples = if e.greedy { 1 } else { e.samples.max(1) };
@@ -56,10 +56,16 @@ pub(super) fn run_eval(
             &mut rng,
         )?;
         let success = r.breakdown.success.unwrap_or(0.0);
-        let split = region_split(&mut ctx.regions, panel, tasks, &r.successes, samples);
+        let split = region_split(
+            &mut ctx.regions,
+            panel.as_str(),
+            tasks,
+            &r.successes,
+            samples,
+        );
         let line = EvalLine {
             step: Some(step),
-            panel: Some(panel.clone()),
+            panel: Some(panel.to_string()),
             greedy: Some(e.greedy),
             result: r.breakdown,
             time: EvalTimes {

@@ -19,14 +19,14 @@ use crate::env::{Env, Task};
 use crate::experiment::config::Experiment;
 use crate::guidance::host::{ReloadOutcome, TurnView};
 use crate::guidance::rounds::{drive, DriveReport, Request, TaskRounds};
-use crate::guidance::{GuidanceHost, PlanLoss, TaskResult, TaskView};
+use crate::guidance::{GuidanceHost, TaskResult, TaskView};
 use crate::model::{Policy, Tok};
 use crate::rollout::{self, Episode, EpisodeRequest, RolloutError, RolloutOptions};
 use crate::rundir::{EnvErrorLine, StepLine};
 use crate::script::{Effects, ScriptError};
 use crate::seed;
 use crate::train::{
-    build_samples, group_advantages, is_zero_std, AdvantageKind, SampleOptions, TrainStats, Trainer,
+    build_samples, group_advantages, is_zero_std, SampleOptions, TrainStats, Trainer,
 };
 
 /// Run one training step; returns its metrics line.
@@ -280,7 +280,7 @@ fn build_batch<'a>(
         }
     }
     // Advantages per task group.
-    let kind = AdvantageKind::parse(&exp.trainer.advantage).unwrap_or(AdvantageKind::Grpo);
+    let kind = exp.trainer.advantage;
     let mut advantages = Vec::with_capacity(episodes.len());
     let mut zero_std = 0usize;
     let mut at = 0usize;
@@ -313,7 +313,7 @@ fn train(
     let t = &exp.trainer;
     let sopts = SampleOptions {
         with_aux: t.aux_nll_coef > 0.0,
-        plan_loss: PlanLoss::parse(&t.plan_loss).unwrap_or(PlanLoss::Internalize),
+        plan_loss: t.plan_loss,
         dual_weight: t.dual_weight as f32,
         train_prefix: t.train_prefix,
         protect_forced: t.protect_forced,

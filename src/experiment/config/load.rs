@@ -1,0 +1,272 @@
+//! Reading an experiment file: evaluate the Rhai source to a map, expand a
+//! comparison's entries, deserialize each into an [`Experiment`] and point
+//! any error at its key's line:col.
+
+use std::path::Path;
+
+use super::{ConfigError, Experiment};
+use crate::script::ScriptError;
+
+/// Evaluate an experiment file's source to its JSON map.
+fn source_to_json(file: &str, source: &str) -> Result<serde_json::Value, ConfigError> {
+    let (engine, _) = crate::script::new_engine();
+    let value: rhai::Dynamic = engine
+        .eval::<rhai::Dynamic>(source)
+        .map_err(|e| ScriptError::from_eval(file, &e))?;
+    if !value.is_map() {
+        return Err(ConfigError::Invalid {
+            file: file.into(),
+            msg: format!(
+                "an experiment file must evaluate to a map #{{ ... }}, got {}",
+                value.type_name()
+            ),
+        });
+    }
+    serde_json::to_value(&value).map_err(|e| ConfigError::Invalid {
+        file: file.into(),
+        msg: e.to_string(),
+    })
+}
+
+/// What an experiment file describes: one run, or a comparison of several
+/// runs that share everything but the keys each one overrides.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ExperimentFile {
+    Single(Box<Experiment>),
+    Compare(Comparison),
+}
+
+/// A comparison: `compare: [#{ name: "...", <overrides> }, …]` in an
+/// experiment map. Each entry is deep-merged into the rest of the map;
+/// the runs go to `<runs_dir>/<name>/<entry name>`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Comparison {
+    pub name: String,
+    pub runs_dir: String,
+    pub runs: Vec<Experiment>,
+}
+
+/// Merge `over` into `base`: maps key by key, anything else replaced.
+fn deep_merge(base: &mut serde_json::Value, over: &serde_json::Value) {
+    match (base, over) {
+        (serde_json::Value::Object(b), serde_json::Value::Object(o)) => {
+            for (k, v) in o {
+                match b.get_mut(k) {
+                    Some(slot) => deep_merge(slot, v),
+                    None => {
+                        b.insert(k.clone(), v.clone());
+                    }
+                }
+            }
+        }
+        (b, o) => *b = o.clone(),
+    }
+}
+
+impl ExperimentFile {
+    /// Evaluate an experiment file: one experiment, or a comparison.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let file = path.display().to_string();
+        let source = std::fs::read_to_string(path).map_err(|e| ConfigError::Invalid {
+            file: file.clone(),
+            msg: format!("cannot read experiment file: {e}"),
+        })?;
+        Self::from_source(&file, &source)
+    }
+
+    pub fn from_source(file: &str, source: &str) -> Result<Self, ConfigError> {
+        let mut json = source_to_json(file, source)?;
+        let Some(list) = json.as_object_mut().and_then(|m| m.remove("compare")) else {
+            return Experiment::from_json(file, source, json)
+                .map(|e| ExperimentFile::Single(Box::new(e)));
+        };
+        let (line, col) = locate_key(source, &["compare".to_string()]);
+        let at = |msg: String| ConfigError::Field {
+            file: file.into(),
+            line,
+            col,
+            msg,
+        };
+        let entries = list.as_array().filter(|a| !a.is_empty()).ok_or_else(|| {
+            at("`compare` must be a non-empty array of maps #{ name: \"...\", … }".into())
+        })?;
+        let name = json["name"].as_str().unwrap_or("compare").to_string();
+        let runs_dir = json["runs_dir"].as_str().unwrap_or("runs").to_string();
+        let mut runs = Vec::new();
+        let mut seen = std::collections::BTreeSet::new();
+        for (i, entry) in entries.iter().enumerate() {
+            let rname = entry
+                .get("name")
+                .and_then(|n| n.as_str())
+                .filter(|n| {
+                    !n.is_empty()
+                        && n.chars()
+                            .all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c))
+                })
+                .ok_or_else(|| {
+                    at(format!(
+                        "`compare[{i}]` needs a `name` of letters, digits, `_`, `-` or `.`"
+                    ))
+                })?
+                .to_string();
+            if !seen.insert(rname.clone()) {
+                return Err(at(format!(
+                    "`compare[{i}]`: the name \"{rname}\" is used twice"
+                )));
+            }
+            let mut merged = json.clone();
+            deep_merge(&mut merged, entry);
+            merged["name"] = serde_json::json!(rname);
+            let exp = Experiment::from_json(file, source, merged).map_err(|e| match e {
+                ConfigError::Field {
+                    file,
+                    line,
+                    col,
+                    msg,
+                } => ConfigError::Field {
+                    file,
+                    line,
+                    col,
+                    msg: format!("in compare entry \"{rname}\": {msg}"),
+                },
+                ConfigError::Invalid { file, msg } => ConfigError::Invalid {
+                    file,
+                    msg: format!("in compare entry \"{rname}\": {msg}"),
+                },
+                other => other,
+            })?;
+            runs.push(exp);
+        }
+        Ok(ExperimentFile::Compare(Comparison {
+            name,
+            runs_dir,
+            runs,
+        }))
+    }
+}
+
+impl Experiment {
+    /// Evaluate an experiment file. Relative paths inside it stay relative
+    /// to the working directory (experiments are run from the repo root).
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let file = path.display().to_string();
+        let source = std::fs::read_to_string(path).map_err(|e| ConfigError::Invalid {
+            file: file.clone(),
+            msg: format!("cannot read experiment file: {e}"),
+        })?;
+        Self::from_source(&file, &source)
+    }
+
+    pub fn from_source(file: &str, source: &str) -> Result<Self, ConfigError> {
+        let json = source_to_json(file, source)?;
+        if json.get("compare").is_some() {
+            return Err(ConfigError::Invalid {
+                file: file.into(),
+                msg: "this file is a comparison (it has `compare`): run it with `actguide run`"
+                    .into(),
+            });
+        }
+        Self::from_json(file, source, json)
+    }
+
+    /// Deserialize and validate an experiment map; errors point at the key
+    /// in `source`.
+    fn from_json(file: &str, source: &str, json: serde_json::Value) -> Result<Self, ConfigError> {
+        let exp: Experiment =
+            serde_path_to_error::deserialize(json).map_err(|e| field_error(file, source, e))?;
+        exp.validate(file)?;
+        Ok(exp)
+    }
+}
+
+/// A deserialization error as a positioned [`ConfigError::Field`]. Typed
+/// settings whose own message says "must …" (see
+/// [`crate::model::device::UnknownDevice`]) read as "<key> must …", the
+/// wording of the checks after deserialization; other errors keep serde's
+/// wording after the key.
+fn field_error(
+    file: &str,
+    source: &str,
+    e: serde_path_to_error::Error<serde_json::Error>,
+) -> ConfigError {
+    let path = e.path().to_string();
+    let inner = e.into_inner().to_string();
+    // For unknown fields serde names the field in the message; point
+    // at it rather than at its parent.
+    let mut keys: Vec<String> = if path == "." {
+        vec![]
+    } else {
+        path.split('.').map(str::to_string).collect()
+    };
+    if let Some(unknown) = inner
+        .strip_prefix("unknown field `")
+        .and_then(|s| s.split('`').next())
+    {
+        // serde_path_to_error usually names it already.
+        if keys.last().map(String::as_str) != Some(unknown) {
+            keys.push(unknown.to_string());
+        }
+    }
+    let (line, col) = locate_key(source, &keys);
+    let shown = if keys.is_empty() {
+        "experiment".to_string()
+    } else {
+        keys.join(".")
+    };
+    let msg = if inner.starts_with("must ") {
+        format!("{shown} {inner}")
+    } else {
+        format!("`{shown}`: {inner}")
+    };
+    ConfigError::Field {
+        file: file.into(),
+        line,
+        col,
+        msg,
+    }
+}
+
+/// Find `a: … b: … c:` (the path of keys) in the source: the 1-based line
+/// and column of the last key. Best effort: (0, 0) when not found.
+fn locate_key(source: &str, keys: &[String]) -> (usize, usize) {
+    let mut from = 0usize;
+    let mut found = None;
+    for key in keys {
+        if key.parse::<usize>().is_ok() {
+            continue; // array index: no key in the source
+        }
+        match find_key_from(source, key, from) {
+            Some(i) => {
+                found = Some(i);
+                from = i + key.len();
+            }
+            None => break,
+        }
+    }
+    match found {
+        Some(i) => {
+            let before = &source[..i];
+            let line = before.matches('\n').count() + 1;
+            let col = i - before.rfind('\n').map(|p| p + 1).unwrap_or(0) + 1;
+            (line, col)
+        }
+        None => (0, 0),
+    }
+}
+
+fn find_key_from(source: &str, key: &str, from: usize) -> Option<usize> {
+    let bytes = source.as_bytes();
+    let mut start = from;
+    while let Some(off) = source[start..].find(key) {
+        let i = start + off;
+        let before_ok = i == 0 || !(bytes[i - 1].is_ascii_alphanumeric() || bytes[i - 1] == b'_');
+        let rest = source[i + key.len()..].trim_start();
+        let quoted = i > 0 && bytes[i - 1] == b'"' && rest.starts_with('"');
+        let rest = if quoted { rest[1..].trim_start() } else { rest };
+        if (before_ok || quoted) && rest.starts_with(':') && !rest.starts_with("::") {
+            return Some(if quoted { i - 1 } else { i });
+        }
+        start = i + key.len();
+    }
+    None
+}

@@ -1,0 +1,646 @@
+//! Experiment files: a Rhai file that evaluates to a map describing the run
+//! (seed, model, env and panels, guidance script, rollout and trainer
+//! settings, eval schedule, step budget).
+//!
+//! This module holds the settings themselves (one struct per section, with
+//! their defaults; the trainer's live in [`crate::train::settings`]) and the
+//! checks serde cannot express (bounds, settings that need each other); its
+//! `load` module reads a file into them. Unknown keys, wrong types and
+//! unknown values of the typed settings (`env.kind`, `model.device`,
+//! `rollout.format`, the trainer's choices, `evaluation.panels`) are
+//! rejected with the key's path, its line:col in the file and, for
+//! choices, the allowed values.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Deserializer, Serialize};
+
+use crate::model::device::DeviceSpec;
+use crate::rollout::chat::PromptFormat;
+use crate::script::ScriptError;
+pub use crate::train::TrainerSection;
+
+mod load;
+
+pub use load::{Comparison, ExperimentFile};
+
+/// A whole experiment.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Experiment {
+    /// Run name: the run directory is `<runs_dir>/<name>`.
+    pub name: String,
+    #[serde(default)]
+    pub seed: u64,
+    /// Optimiser steps in the run.
+    pub steps: usize,
+    #[serde(default = "d_runs_dir")]
+    pub runs_dir: String,
+    pub model: ModelSection,
+    pub env: EnvSection,
+    pub guidance: GuidanceSection,
+    #[serde(default)]
+    pub rollout: RolloutSection,
+    #[serde(default)]
+    pub trainer: TrainerSection,
+    #[serde(default)]
+    /// (`eval` is a reserved word in Rhai, hence the long name.)
+    pub evaluation: EvalSection,
+    #[serde(default)]
+    pub checkpoint: CheckpointSection,
+}
+
+fn d_runs_dir() -> String {
+    "runs".into()
+}
+
+/// Which model to train.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSection {
+    /// An HF folder (`config.json`, `tokenizer.json`, optionally
+    /// `tokenizer_config.json`, `generation_config.json` and weights —
+    /// without weights the model is initialised from the run seed) or a
+    /// `.gguf` file (see [`crate::model::ModelSource`]).
+    pub path: String,
+    #[serde(default)]
+    pub device: DeviceSpec,
+    /// LoRA adapters on a frozen base; absent: every weight trains.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora: Option<crate::model::LoraConfig>,
+}
+
+/// Environment and task panels.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EnvSection {
+    /// "household", "shop", "searchqa" (built-in), "http" (AgentGym env
+    /// server at `url`) or "subprocess" (`command` speaking
+    /// envs/PROTOCOL.md).
+    #[serde(default)]
+    pub kind: crate::env::EnvKindName,
+    pub train: String,
+    pub test: String,
+    /// Episode step limit in policy actions (executed expert prefix
+    /// actions come on top).
+    #[serde(default = "d_max_steps")]
+    pub max_steps: usize,
+    /// If set, a task's policy budget is min(max_steps, expert actions
+    /// left + step_slack): rewarded episodes then hold little wandering.
+    #[serde(default)]
+    pub step_slack: Option<usize>,
+    /// http: the env server's base URL.
+    #[serde(default)]
+    pub url: Option<String>,
+    /// http: the id field of the server's dialect ("id" for AgentGym's
+    /// ALFWorld adapter, "env_idx" for its WebShop adapter).
+    #[serde(default = "d_id_field")]
+    pub id_field: String,
+    /// subprocess: the program and its arguments.
+    #[serde(default)]
+    pub command: Vec<String>,
+    /// External envs: seconds to wait for one reply, and extra attempts of
+    /// requests that are safe to repeat (create, reset, expert).
+    #[serde(default = "d_timeout_s")]
+    pub timeout_s: f64,
+    #[serde(default = "d_retries")]
+    pub retries: usize,
+    /// External envs: a done step with at least this reward is a success
+    /// (unless the reply says `success`).
+    #[serde(default = "d_success_reward")]
+    pub success_reward: f64,
+}
+
+fn d_id_field() -> String {
+    "id".into()
+}
+fn d_timeout_s() -> f64 {
+    30.0
+}
+fn d_retries() -> usize {
+    2
+}
+fn d_success_reward() -> f64 {
+    1.0
+}
+
+impl EnvSection {
+    /// The env spec the runner builds envs from.
+    pub fn spec(&self) -> crate::env::EnvSpec {
+        use crate::env::{external::Limits, EnvKind, EnvKindName, EnvSpec};
+        let kind = match self.kind {
+            EnvKindName::Http => EnvKind::Http {
+                url: self.url.clone().unwrap_or_default(),
+                id_field: self.id_field.clone(),
+            },
+            EnvKindName::Subprocess => EnvKind::Subprocess {
+                command: self.command.clone(),
+            },
+            EnvKindName::Builtin(k) => EnvKind::Builtin(k),
+        };
+        EnvSpec {
+            kind,
+            limits: Limits {
+                timeout: std::time::Duration::from_secs_f64(self.timeout_s.clamp(0.001, 86_400.0)),
+                retries: self.retries,
+            },
+            success_reward: self.success_reward,
+        }
+    }
+}
+
+fn d_max_steps() -> usize {
+    50
+}
+
+/// Guidance script and clustering.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GuidanceSection {
+    pub script: String,
+    /// Number of difficulty clusters (quantiles of expert length).
+    #[serde(default = "d_clusters")]
+    pub clusters: usize,
+    /// Most review rounds per task and step after the planned one.
+    #[serde(default = "d_max_rounds")]
+    pub max_rounds: usize,
+    /// Reward-shaping script (`reward(episode, state)`), if any.
+    #[serde(default)]
+    pub reward: Option<String>,
+    /// Intervention script (`intervene(turn, state)`), if any.
+    #[serde(default)]
+    pub intervene: Option<String>,
+}
+
+fn d_max_rounds() -> usize {
+    8
+}
+
+fn d_clusters() -> usize {
+    3
+}
+
+/// How rollouts are generated.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RolloutSection {
+    /// Tasks per step (each gets a group of `group_size` rollouts).
+    pub tasks_per_step: usize,
+    pub group_size: usize,
+    pub temperature: f64,
+    pub top_p: f64,
+    /// Restrict generation to the admissible actions (token trie).
+    pub constrained: bool,
+    /// Number of recent (observation, action) pairs in the prompt.
+    pub history: usize,
+    /// Reward added per invalid action (usually ≤ 0).
+    pub invalid_penalty: f64,
+    /// Most tokens generated for one action.
+    pub max_action_tokens: usize,
+    /// List the admissible actions in the prompt.
+    pub show_actions: bool,
+    /// Prompt and answer format: "plain" (the word-level format, bare
+    /// action + eos) or "chat" (the model's chat template, auto-detected
+    /// from the tokenizer, and `<action>…</action>` answers ending with the
+    /// end-of-turn token); "chatml" / "llama3" force a template.
+    pub format: PromptFormat,
+}
+
+impl Default for RolloutSection {
+    fn default() -> Self {
+        RolloutSection {
+            tasks_per_step: 8,
+            group_size: 8,
+            temperature: 1.0,
+            top_p: 1.0,
+            constrained: true,
+            history: 2,
+            invalid_penalty: 0.0,
+            max_action_tokens: 16,
+            show_actions: true,
+            format: PromptFormat::Plain,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EvalSection {
+    /// Evaluate every N steps (and at the start and end); 0 = only start/end.
+    pub every: usize,
+    /// Rollouts per test task.
+    pub samples: usize,
+    /// Greedy decoding (else sampled at the rollout temperature).
+    pub greedy: bool,
+    /// Evaluate on at most this many tasks of each panel (0 = all).
+    pub max_tasks: usize,
+    /// Panels to evaluate on: "test" and/or "train". The first one is the
+    /// run's headline success. The first evaluation (step 0) also fixes
+    /// each panel's in-region tasks (solved at least once in `samples`),
+    /// and every later one reports success in- and out-region.
+    #[serde(deserialize_with = "eval_panels")]
+    pub panels: Vec<EvalPanel>,
+}
+
+/// A task panel evaluations run on (`evaluation.panels`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EvalPanel {
+    /// The env's test panel (`env.test`).
+    Test,
+    /// The env's train panel (`env.train`).
+    Train,
+}
+
+impl EvalPanel {
+    /// The name in experiment files, `eval.jsonl` and seed labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EvalPanel::Test => "test",
+            EvalPanel::Train => "train",
+        }
+    }
+}
+
+impl std::fmt::Display for EvalPanel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// `evaluation.panels`: "test" and/or "train", each at most once, in the
+/// order given (the first is the headline).
+fn eval_panels<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<EvalPanel>, D::Error> {
+    let names = Vec::<String>::deserialize(d)?;
+    let panels: Vec<EvalPanel> = names
+        .iter()
+        .filter_map(|n| match n.as_str() {
+            "test" => Some(EvalPanel::Test),
+            "train" => Some(EvalPanel::Train),
+            _ => None,
+        })
+        .collect();
+    let once_each = !panels.is_empty()
+        && panels.len() == names.len()
+        && panels.len() <= 2
+        && !(panels.len() == 2 && panels[0] == panels[1]);
+    if !once_each {
+        return Err(serde::de::Error::custom(format!(
+            "must list \"test\" and/or \"train\" once each, got {names:?}"
+        )));
+    }
+    Ok(panels)
+}
+
+impl Default for EvalSection {
+    fn default() -> Self {
+        EvalSection {
+            every: 10,
+            samples: 1,
+            greedy: true,
+            max_tasks: 0,
+            panels: vec![EvalPanel::Test],
+        }
+    }
+}
+
+/// Checkpoint schedule.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CheckpointSection {
+    /// Write a checkpoint every N steps (and at the end); 0 = end only.
+    pub every: usize,
+}
+
+impl Default for CheckpointSection {
+    fn default() -> Self {
+        CheckpointSection { every: 10 }
+    }
+}
+
+/// Errors loading an experiment file.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{0}")]
+    Script(#[from] ScriptError),
+    #[error("{file}:{line}:{col}: {msg}")]
+    Field {
+        file: String,
+        line: usize,
+        col: usize,
+        msg: String,
+    },
+    #[error("{file}: {msg}")]
+    Invalid { file: String, msg: String },
+}
+
+impl Experiment {
+    /// The checks serde cannot express (bounds, settings that need each
+    /// other), one section at a time.
+    fn validate(&self, file: &str) -> Result<(), ConfigError> {
+        check_rollout(file, &self.rollout)?;
+        check_trainer(file, &self.trainer)?;
+        check_env(file, &self.env)?;
+        check_model(file, &self.model)
+    }
+
+    /// The run directory.
+    pub fn run_dir(&self) -> PathBuf {
+        Path::new(&self.runs_dir).join(&self.name)
+    }
+}
+
+/// A check of [`Experiment::validate`] failed.
+fn invalid(file: &str, msg: &str) -> ConfigError {
+    ConfigError::Invalid {
+        file: file.into(),
+        msg: msg.into(),
+    }
+}
+
+fn check_rollout(file: &str, r: &RolloutSection) -> Result<(), ConfigError> {
+    if r.tasks_per_step == 0 || r.group_size == 0 {
+        return Err(invalid(
+            file,
+            "rollout.tasks_per_step and rollout.group_size must be ≥ 1",
+        ));
+    }
+    let temperature_ok = r.temperature > 0.0; // false for NaN too
+    let top_p_ok = r.top_p > 0.0 && r.top_p <= 1.0;
+    if !temperature_ok || !top_p_ok {
+        return Err(invalid(
+            file,
+            "rollout.temperature must be > 0 and rollout.top_p in (0, 1]",
+        ));
+    }
+    Ok(())
+}
+
+fn check_trainer(file: &str, t: &TrainerSection) -> Result<(), ConfigError> {
+    let gamma_ok = t.luffy_gamma > 0.0;
+    if !gamma_ok {
+        return Err(invalid(file, "trainer.luffy_gamma must be > 0"));
+    }
+    if t.ppo_epochs == 0 || t.minibatches == 0 || t.micro_batch == 0 {
+        return Err(invalid(
+            file,
+            "trainer.ppo_epochs, minibatches and micro_batch must be ≥ 1",
+        ));
+    }
+    Ok(())
+}
+
+fn check_env(file: &str, e: &EnvSection) -> Result<(), ConfigError> {
+    match e.kind {
+        crate::env::EnvKindName::Builtin(_) => {}
+        crate::env::EnvKindName::Http => {
+            if e.url.as_deref().is_none_or(|u| !u.starts_with("http://")) {
+                return Err(invalid(
+                    file,
+                    "env.kind \"http\" needs env.url = \"http://host:port\"",
+                ));
+            }
+            if !["id", "env_idx"].contains(&e.id_field.as_str()) {
+                return Err(invalid(
+                    file,
+                    &format!(
+                        "env.id_field must be \"id\" or \"env_idx\", got \"{}\"",
+                        e.id_field
+                    ),
+                ));
+            }
+        }
+        crate::env::EnvKindName::Subprocess => {
+            if e.command.is_empty() {
+                return Err(invalid(
+                    file,
+                    "env.kind \"subprocess\" needs env.command = [\"program\", \"arg\", …]",
+                ));
+            }
+        }
+    }
+    let timeout_ok = e.timeout_s > 0.0;
+    if !timeout_ok {
+        return Err(invalid(file, "env.timeout_s must be > 0"));
+    }
+    Ok(())
+}
+
+fn check_model(file: &str, m: &ModelSection) -> Result<(), ConfigError> {
+    if let Some(l) = &m.lora {
+        l.projections().map_err(|e| {
+            invalid(
+                file,
+                &format!(
+                    "model.{}",
+                    e.to_string().trim_start_matches("invalid model config: ")
+                ),
+            )
+        })?;
+    }
+    if !m.device.compiled() {
+        return Err(invalid(
+            file,
+            &format!(
+                "model.device \"{}\" is not available in this build (build with `--features cuda`)",
+                m.device
+            ),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+let steps = 3;
+#{
+    name: "t",
+    seed: 1,
+    steps: steps,
+    model: #{ path: "models/tiny" },
+    env: #{ train: "a.jsonl", test: "b.jsonl" },
+    guidance: #{ script: "g.rhai" },
+    trainer: #{ lr: 0.001 },
+    evaluation: #{ every: 5 },
+}
+"#;
+
+    #[test]
+    fn good_file_parses_with_defaults() {
+        let e = Experiment::from_source("x.rhai", GOOD).unwrap();
+        assert_eq!(e.steps, 3);
+        assert_eq!(e.rollout.group_size, 8);
+        assert_eq!(e.trainer.lr, 0.001);
+        assert_eq!(e.env.max_steps, 50);
+    }
+
+    #[test]
+    fn unknown_nested_key_is_positioned() {
+        let src = GOOD.replace("lr: 0.001", "lr: 0.001, lrr: 2");
+        let e = Experiment::from_source("x.rhai", &src).unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.starts_with("x.rhai:10:"), "{msg}");
+        assert!(msg.contains("`trainer.lrr`"), "{msg}");
+        assert!(msg.contains("unknown field"), "{msg}");
+    }
+
+    #[test]
+    fn wrong_type_is_positioned() {
+        let src = GOOD.replace("seed: 1", "seed: \"one\"");
+        let msg = Experiment::from_source("x.rhai", &src)
+            .unwrap_err()
+            .to_string();
+        assert!(msg.starts_with("x.rhai:5:5:"), "{msg}");
+        assert!(msg.contains("`seed`"), "{msg}");
+    }
+
+    #[test]
+    fn missing_key_and_syntax_error() {
+        let src = GOOD.replace("steps: steps,", "");
+        let msg = Experiment::from_source("x.rhai", &src)
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("missing field `steps`"), "{msg}");
+        let msg = Experiment::from_source("x.rhai", "#{ name: }")
+            .unwrap_err()
+            .to_string();
+        assert!(msg.starts_with("x.rhai:1:"), "{msg}");
+    }
+
+    #[test]
+    fn rollout_format_defaults_to_plain_and_is_validated() {
+        let e = Experiment::from_source("x.rhai", GOOD).unwrap();
+        assert_eq!(e.rollout.format, PromptFormat::Plain);
+        for ok in ["chat", "chatml", "llama3", "plain"] {
+            let src = GOOD.replace(
+                "steps: steps,",
+                &format!("steps: steps, rollout: #{{ format: \"{ok}\" }},"),
+            );
+            let e = Experiment::from_source("x.rhai", &src).unwrap();
+            assert_eq!(e.rollout.format.as_str(), ok);
+        }
+        let src = GOOD.replace(
+            "steps: steps,",
+            "steps: steps, rollout: #{ format: \"jinja\" },",
+        );
+        let msg = Experiment::from_source("x.rhai", &src)
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("rollout.format must be"), "{msg}");
+        assert!(msg.contains("\"jinja\""), "{msg}");
+    }
+
+    /// The line:col of `needle` in `src`, as the error prefix shows it.
+    fn at(src: &str, needle: &str) -> String {
+        let i = src.find(needle).unwrap();
+        let line = src[..i].matches('\n').count() + 1;
+        let col = i - src[..i].rfind('\n').map_or(0, |p| p + 1) + 1;
+        format!("x.rhai:{line}:{col}: ")
+    }
+
+    #[test]
+    fn unknown_setting_values_are_positioned_and_name_the_allowed_ones() {
+        let src = GOOD.replace(
+            "steps: steps,",
+            "steps: steps, rollout: #{ format: \"jinja\" },",
+        );
+        let msg = Experiment::from_source("x.rhai", &src)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            msg,
+            format!(
+                "{}rollout.format must be \"plain\", \"chat\", \"chatml\" or \"llama3\", got \"jinja\"",
+                at(&src, "format:")
+            )
+        );
+        let src = GOOD.replace("path: \"models/tiny\"", "path: \"m\", device: \"gpu\"");
+        let msg = Experiment::from_source("x.rhai", &src)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            msg,
+            format!(
+                "{}model.device must be \"cpu\", \"cuda\" or \"cuda:N\", got \"gpu\"",
+                at(&src, "device:")
+            )
+        );
+        for bad in [
+            r#"["test", "bogus"]"#,
+            r#"["test", "test"]"#,
+            r#"["test", "train", "test"]"#,
+            "[]",
+        ] {
+            let src = GOOD.replace("every: 5", &format!("every: 5, panels: {bad}"));
+            let msg = Experiment::from_source("x.rhai", &src)
+                .unwrap_err()
+                .to_string();
+            let got: Vec<String> = serde_json::from_str(bad).unwrap();
+            assert_eq!(
+                msg,
+                format!(
+                    "{}evaluation.panels must list \"test\" and/or \"train\" once each, got {got:?}",
+                    at(&src, "panels:")
+                )
+            );
+        }
+        let src = GOOD.replace("lr: 0.001", "lr: 0.001, schedule: \"linear\"");
+        let msg = Experiment::from_source("x.rhai", &src)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            msg,
+            format!(
+                "{}`trainer.schedule`: unknown variant `linear`, expected `cosine` or `constant`",
+                at(&src, "schedule:")
+            )
+        );
+        let src = GOOD.replace("lr: 0.001", "lr: 0.001, plan_loss: \"default\"");
+        let msg = Experiment::from_source("x.rhai", &src)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            msg,
+            format!(
+                "{}trainer.plan_loss must be \"internalize\", \"on_policy\" or \"dual\", got \"default\"",
+                at(&src, "plan_loss:")
+            )
+        );
+        // A wrong type keeps serde's wording.
+        let src = GOOD.replace("every: 5", "every: 5, panels: \"test\"");
+        let msg = Experiment::from_source("x.rhai", &src)
+            .unwrap_err()
+            .to_string();
+        assert!(msg.starts_with(&at(&src, "panels:")), "{msg}");
+        assert!(msg.contains("`evaluation.panels`: invalid type"), "{msg}");
+    }
+
+    #[test]
+    fn typed_settings_read_and_write_back_their_names() {
+        let src = GOOD
+            .replace("path: \"models/tiny\"", "path: \"m\", device: \"cpu\"")
+            .replace("every: 5", "every: 5, panels: [\"train\", \"test\"]")
+            .replace(
+                "steps: steps,",
+                "steps: steps, rollout: #{ format: \"chatml\" },",
+            );
+        let e = Experiment::from_source("x.rhai", &src).unwrap();
+        assert_eq!(e.model.device, DeviceSpec::Cpu);
+        assert_eq!(e.evaluation.panels, [EvalPanel::Train, EvalPanel::Test]);
+        let json = serde_json::to_value(&e).unwrap();
+        assert_eq!(json["model"]["device"], "cpu");
+        assert_eq!(json["rollout"]["format"], "chatml");
+        assert_eq!(
+            json["evaluation"]["panels"],
+            serde_json::json!(["train", "test"])
+        );
+        let back: Experiment = serde_json::from_value(json).unwrap();
+        assert_eq!(back, e);
+        let d = Experiment::from_source("x.rhai", GOOD).unwrap();
+        assert_eq!(d.model.device, DeviceSpec::Cpu);
+        assert_eq!(d.evaluation.panels, [EvalPanel::Test]);
+    }
+}
