@@ -50,7 +50,9 @@ fn run_with_edits(
     let mut errors = Vec::new();
     let summary = experiment::run(exp, &RunOptions::default(), &mut |ev| match ev {
         Event::Step { step, .. } => edit(step),
-        Event::Reload { step, result, .. } => reloads.push((step, result)),
+        Event::Reload { step, result, .. } => {
+            reloads.push((step, result.map_err(|e| e.to_string())))
+        }
         Event::ScriptError(e) => errors.push(e),
         _ => {}
     })

@@ -1,4 +1,4 @@
-//! Per-step metrics (ALGORITHMS.md §5): aggregation of episode results into
+//! Per-step metrics (docs/ALGORITHMS.md#per-step-metrics): aggregation of episode results into
 //! the numbers of the `metrics.jsonl` and `eval.jsonl` lines.
 
 use std::collections::BTreeMap;

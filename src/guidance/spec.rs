@@ -23,7 +23,7 @@ pub enum GuidanceSpec {
 }
 
 /// How rollouts generated under a plan in the prompt are trained
-/// (ALGORITHMS.md §2).
+/// (docs/ALGORITHMS.md#plan-losses-internalize-on_policy-dual).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum PlanLoss {

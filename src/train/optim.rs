@@ -129,23 +129,22 @@ impl AdamW {
         &mut self,
         tensors: &HashMap<String, Tensor>,
         t: u64,
-    ) -> std::result::Result<(), String> {
+    ) -> std::result::Result<(), OptimStateError> {
         for (i, (name, var)) in self.vars.iter().enumerate() {
             for (slot, key) in [(0, format!("m.{name}")), (1, format!("v.{name}"))] {
                 let x = tensors
                     .get(&key)
-                    .ok_or_else(|| format!("optimizer state lacks `{key}`"))?;
+                    .ok_or_else(|| OptimStateError::Missing(key.clone()))?;
                 if x.dims() != var.dims() {
-                    return Err(format!(
-                        "optimizer state `{key}` has shape {:?}, expected {:?}",
-                        x.dims(),
-                        var.dims()
-                    ));
+                    return Err(OptimStateError::Shape {
+                        key,
+                        got: x.dims().to_vec(),
+                        want: var.dims().to_vec(),
+                    });
                 }
                 let x = x
                     .to_device(var.device())
-                    .and_then(|x| x.force_contiguous())
-                    .map_err(|e| e.to_string())?;
+                    .and_then(|x| x.force_contiguous())?;
                 if slot == 0 {
                     self.m[i] = x;
                 } else {
@@ -156,6 +155,22 @@ impl AdamW {
         self.t = t;
         Ok(())
     }
+}
+
+/// Saved optimizer moments that do not fit the parameters they are loaded
+/// for.
+#[derive(Debug, thiserror::Error)]
+pub enum OptimStateError {
+    #[error("optimizer state lacks `{0}`")]
+    Missing(String),
+    #[error("optimizer state `{key}` has shape {got:?}, expected {want:?}")]
+    Shape {
+        key: String,
+        got: Vec<usize>,
+        want: Vec<usize>,
+    },
+    #[error("{0}")]
+    Tensor(#[from] candle_core::Error),
 }
 
 /// Whether the fused CPU kernel applies: all f32 on CPU, contiguous, same

@@ -1,4 +1,4 @@
-//! A client of AgentGym's env-server HTTP API (ENVIRONMENTS.md): `POST
+//! A client of AgentGym's env-server HTTP API (docs/ENVIRONMENTS.md#agentgym-http): `POST
 //! /create` → `{"id"}`, `POST /reset {id, …task.world}` → first
 //! observation and available actions, `POST /step {id, action}` →
 //! observation (or WebShop's `state`), reward, done; `GET

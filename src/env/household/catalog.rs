@@ -199,7 +199,7 @@ impl Treatment {
     pub const ALL: [Treatment; 3] = [Treatment::Clean, Treatment::Heat, Treatment::Cool];
 }
 
-/// The six ALFWorld task types (serialized with the names ENVIRONMENTS.md uses).
+/// The six ALFWorld task types (serialized with the names docs/ENVIRONMENTS.md#household uses).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TaskType {

@@ -36,6 +36,7 @@ use crate::train::Trainer;
 
 pub use error::RunError;
 use evaluate::{run_eval, tb_write};
+pub use reload::ReloadFailure;
 use reload::{log_reload, reload_if_edited};
 use views::task_view;
 
@@ -74,12 +75,12 @@ pub enum Event {
     },
     ScriptError(String),
     /// The guidance script was edited: `Ok(hash)` is the new active
-    /// version (from this step on), `Err(msg)` kept the last good one.
+    /// version (from this step on), `Err(why)` kept the last good one.
     Reload {
         step: usize,
         /// "guidance", "reward" or "intervene".
         role: String,
-        result: Result<String, String>,
+        result: Result<String, ReloadFailure>,
     },
     /// A notice of the runner itself (review requests that hit the round
     /// bound, episodes that failed in the env).

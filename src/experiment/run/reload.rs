@@ -7,6 +7,20 @@ use crate::env::Task;
 use crate::guidance::host::{ReloadOutcome, Role};
 use crate::rundir::ReloadLine;
 use crate::script::watch::FileWatcher;
+use crate::script::ScriptError;
+
+/// Why an edited script is not in effect ([`Event::Reload`]).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ReloadFailure {
+    /// The new version failed to load or its checks; the last good
+    /// version stays.
+    #[error("{0}")]
+    Rejected(ScriptError),
+    /// The new version failed at run time on probation and was replaced by
+    /// the last good one, `active`.
+    #[error("{error} (runtime error on probation: back to version {active})")]
+    Reverted { error: ScriptError, active: String },
+}
 
 /// Reload the scripts when a watched file changed since the last check.
 pub(super) fn reload_if_edited(
@@ -72,13 +86,14 @@ pub(super) fn log_reload(
         }
         (_, Some(e)) => (
             ReloadLine::reverted(step, role, &o.file, e.to_string(), &active),
-            Err(format!(
-                "{e} (runtime error on probation: back to version {active})"
-            )),
+            Err(ReloadFailure::Reverted {
+                error: e.clone(),
+                active: active.clone(),
+            }),
         ),
         (Err(e), None) => (
             ReloadLine::rejected(step, role, &o.file, e.to_string(), &active),
-            Err(e.to_string()),
+            Err(ReloadFailure::Rejected(e.clone())),
         ),
     };
     if let Some(c) = ctx.copies.get(role) {

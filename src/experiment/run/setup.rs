@@ -178,7 +178,7 @@ fn resume_state(
     trainer
         .opt
         .load_state(&l.optimizer, l.state.optimizer_t)
-        .map_err(resume)?;
+        .map_err(|e| resume(e.to_string()))?;
     host.restore(&l.state.host)
         .map_err(|e| resume(e.to_string()))?;
     host.set_source(Role::Guidance, Path::new(&exp.guidance.script));

@@ -1,4 +1,4 @@
-//! The metrics line of a training step (docs/ALGORITHMS.md §5 lists what
+//! The metrics line of a training step (docs/ALGORITHMS.md#per-step-metrics lists what
 //! each number means).
 
 use std::collections::BTreeMap;
