@@ -11,6 +11,7 @@
 //!   tb/                      TensorBoard event files (a new one per process)
 //!   checkpoints/step-NNNNNN/ weights, optimiser moments, run state
 //!   checkpoints/latest       the name of the newest checkpoint
+//!   lock                     held by the live run (its pid), see [`lock`]
 //! ```
 //!
 //! The run loop writes these files through [`RunDir`]; `actguide report`,
@@ -19,10 +20,12 @@
 //!
 //! Sub-modules: [`records`] (the JSONL lines), [`jsonl`] (appending,
 //! reading, truncating them), [`checkpoint`], [`tensorboard`] (event
-//! files), [`scripts`] (saved script versions).
+//! files), [`scripts`] (saved script versions), [`lock`] (one live run per
+//! directory).
 
 pub mod checkpoint;
 pub mod jsonl;
+pub mod lock;
 pub mod records;
 pub mod scripts;
 pub mod tensorboard;
@@ -35,6 +38,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 pub use jsonl::Record;
+pub use lock::RunLock;
 pub use records::{
     EnvErrorLine, EvalLine, EvalTimes, ReloadLine, StepLine, StepRounds, StepTimes,
     SuccessBreakdown,
@@ -71,6 +75,9 @@ pub enum RunDirError {
         #[source]
         source: serde_json::Error,
     },
+    /// Another live process holds the run directory.
+    #[error("{}: in use by another actguide process (pid {holder}); wait for it to end", dir.display())]
+    Busy { dir: PathBuf, holder: String },
     #[error("{}:{line}: expected a JSON object", path.display())]
     NotObject { path: PathBuf, line: usize },
     /// A JSON object whose keys have the wrong types for its record.
@@ -103,11 +110,16 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), RunDirError> {
     std::fs::rename(&tmp, path).map_err(RunDirError::io(path))
 }
 
+/// Whether a directory holds an earlier run or comparison (its `marker`
+/// file or a `metrics.jsonl`).
+fn taken(dir: &Path, marker: &str) -> bool {
+    dir.join(marker).exists() || dir.join(StepLine::FILE).exists()
+}
+
 /// `base`, or `base-2`, `base-3`, … : the first that holds neither `marker`
-/// nor a `metrics.jsonl`, so a new run (or comparison) never overwrites an
-/// old one.
+/// nor a `metrics.jsonl`, so a new comparison never overwrites an old one.
 pub fn fresh_dir(base: &Path, marker: &str) -> PathBuf {
-    let taken = |p: &Path| p.join(marker).exists() || p.join(StepLine::FILE).exists();
+    let taken = |p: &Path| taken(p, marker);
     if !taken(base) {
         return base.to_path_buf();
     }
@@ -130,10 +142,16 @@ impl RunDir {
         RunDir { root: root.into() }
     }
 
-    /// `runs/<name>`, or `runs/<name>-2`, `-3`, … when earlier runs hold
-    /// the name.
-    pub fn fresh(base: &Path) -> Self {
-        RunDir::at(fresh_dir(base, EXPERIMENT_FILE))
+    /// Claim `runs/<name>`, or `runs/<name>-2`, `-3`, … when earlier or
+    /// live runs hold the name: created and locked for this process.
+    pub fn claim(base: &Path) -> Result<(Self, RunLock), RunDirError> {
+        let lock = lock::claim(base, |p| taken(p, EXPERIMENT_FILE))?;
+        Ok((RunDir::at(lock.dir()), lock))
+    }
+
+    /// Lock an existing run directory (to resume it).
+    pub fn lock(&self) -> Result<RunLock, RunDirError> {
+        RunLock::acquire(&self.root)
     }
 
     pub fn path(&self) -> &Path {
@@ -224,9 +242,13 @@ mod tests {
     fn new_runs_never_reuse_a_directory() {
         let tmp = tempfile::tempdir().unwrap();
         let base = tmp.path().join("q");
-        assert_eq!(RunDir::fresh(&base).path(), base);
-        std::fs::create_dir_all(&base).unwrap();
-        std::fs::write(base.join("experiment.json"), "{}").unwrap();
-        assert_eq!(RunDir::fresh(&base).path(), tmp.path().join("q-2"));
+        let (dir, lock) = RunDir::claim(&base).unwrap();
+        assert_eq!(dir.path(), base);
+        dir.write_experiment(&serde_json::json!({})).unwrap();
+        drop(lock);
+        let (dir, _lock) = RunDir::claim(&base).unwrap();
+        assert_eq!(dir.path(), tmp.path().join("q-2"));
+        // A live run's directory cannot be locked for a resume.
+        assert!(matches!(dir.lock(), Err(RunDirError::Busy { .. })));
     }
 }

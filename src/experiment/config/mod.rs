@@ -338,6 +338,7 @@ impl Experiment {
     /// The checks serde cannot express (bounds, settings that need each
     /// other), one section at a time.
     fn validate(&self, file: &str) -> Result<(), ConfigError> {
+        check_name(file, &self.name)?;
         check_rollout(file, &self.rollout)?;
         check_trainer(file, &self.trainer)?;
         check_env(file, &self.env)?;
@@ -356,6 +357,22 @@ fn invalid(file: &str, msg: &str) -> ConfigError {
         file: file.into(),
         msg: msg.into(),
     }
+}
+
+/// The run directory is `<runs_dir>/<name>`: a name must stay inside the
+/// runs folder and not be the folder itself.
+fn check_name(file: &str, name: &str) -> Result<(), ConfigError> {
+    let plain =
+        !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '\\', '\0']);
+    if !plain {
+        return Err(invalid(
+            file,
+            &format!(
+                "name must be a plain directory name (no `/`, `\\`, `.` or `..`), got {name:?}"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn check_rollout(file: &str, r: &RolloutSection) -> Result<(), ConfigError> {
@@ -508,6 +525,24 @@ let steps = 3;
             .unwrap_err()
             .to_string();
         assert!(msg.starts_with("x.rhai:1:"), "{msg}");
+    }
+
+    #[test]
+    fn run_names_stay_inside_the_runs_folder() {
+        for bad in ["", ".", "..", "../../../tmp/x", "a/b", "a\\\\b"] {
+            let src = GOOD.replace("name: \"t\"", &format!("name: \"{bad}\""));
+            let msg = Experiment::from_source("x.rhai", &src)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                msg.contains("name must be a plain directory name"),
+                "{bad}: {msg}"
+            );
+        }
+        for ok in ["run", "run-2", "a.b", "quick start"] {
+            let src = GOOD.replace("name: \"t\"", &format!("name: \"{ok}\""));
+            assert_eq!(Experiment::from_source("x.rhai", &src).unwrap().name, ok);
+        }
     }
 
     #[test]

@@ -105,6 +105,8 @@ pub struct RunSummary {
 
 /// Everything a run holds.
 struct Ctx {
+    /// Held for the whole run: no other process writes this directory.
+    _lock: crate::rundir::RunLock,
     exp: Experiment,
     dir: RunDir,
     train: Vec<Task>,

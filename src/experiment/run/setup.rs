@@ -23,13 +23,17 @@ use crate::train::Trainer;
 /// Build everything a run holds; returns it with the step to start at.
 pub(super) fn setup(exp: Experiment, opts: &RunOptions) -> Result<(Ctx, usize), RunError> {
     let device = policies::device(&exp)?;
-    let dir = match &opts.resume {
-        Some(d) => RunDir::at(d),
-        None => RunDir::fresh(&exp.run_dir()),
-    };
-    let resumed = match &opts.resume {
-        Some(d) => Some(checkpoint::load_latest(d, &device)?),
-        None => None,
+    let (dir, lock, resumed) = match &opts.resume {
+        Some(d) => {
+            let loaded = checkpoint::load_latest(d, &device)?;
+            let dir = RunDir::at(d);
+            let lock = dir.lock()?;
+            (dir, lock, Some(loaded))
+        }
+        None => {
+            let (dir, lock) = RunDir::claim(&exp.run_dir())?;
+            (dir, lock, None)
+        }
     };
     dir.create()?;
     let (train, test, clusters) = panels(&exp)?;
@@ -54,6 +58,7 @@ pub(super) fn setup(exp: Experiment, opts: &RunOptions) -> Result<(Ctx, usize), 
     let watcher = FileWatcher::new(&host.watched_files()).ok();
     Ok((
         Ctx {
+            _lock: lock,
             watcher,
             exp,
             dir,
