@@ -33,9 +33,13 @@ pub enum PanelError {
         id: String,
         first: usize,
     },
+    /// A panel with no task: nothing to train or evaluate on.
+    #[error("{}: the panel has no tasks (one JSON task per line)", path.display())]
+    Empty { path: PathBuf },
 }
 
-/// Read a panel. Blank lines are skipped; line numbers in errors are 1-based.
+/// Read a panel. Blank lines are skipped; line numbers in errors are
+/// 1-based; a panel without tasks is an error.
 pub fn read_jsonl(path: &Path) -> Result<Vec<Task>, PanelError> {
     let text = std::fs::read_to_string(path).map_err(|source| PanelError::Io {
         path: path.to_path_buf(),
@@ -63,6 +67,11 @@ pub fn read_jsonl(path: &Path) -> Result<Vec<Task>, PanelError> {
         }
         first_line.insert(task.id.clone(), line_no);
         tasks.push(task);
+    }
+    if tasks.is_empty() {
+        return Err(PanelError::Empty {
+            path: path.to_path_buf(),
+        });
     }
     Ok(tasks)
 }
@@ -285,5 +294,19 @@ mod tests {
         let err = read_jsonl(Path::new("/nonexistent/panel.jsonl")).unwrap_err();
         assert!(matches!(err, PanelError::Io { .. }));
         assert!(err.to_string().contains("/nonexistent/panel.jsonl"));
+    }
+
+    #[test]
+    fn an_empty_panel_is_an_error() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("empty.jsonl");
+        for text in ["", "\n  \n"] {
+            std::fs::write(&path, text).unwrap();
+            let err = read_jsonl(&path).unwrap_err();
+            assert!(matches!(err, PanelError::Empty { .. }), "{err}");
+            assert!(err
+                .to_string()
+                .contains("empty.jsonl: the panel has no tasks"));
+        }
     }
 }

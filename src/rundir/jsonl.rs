@@ -117,21 +117,84 @@ struct Stepped {
 }
 
 /// Drop lines whose `step` is ≥ `step` (they follow the checkpoint we
-/// resume from and will be written again), and lines without one.
-pub fn truncate_after(path: &Path, step: usize) -> Result<(), RunDirError> {
+/// resume from and will be written again). Lines that do not parse as a
+/// record with a step (damaged bytes, a line a kill cut short) are never
+/// dropped silently: they move to `<file>.damaged` and each gets a warning.
+pub fn truncate_after(
+    path: &Path,
+    step: usize,
+    warnings: &mut Vec<String>,
+) -> Result<(), RunDirError> {
     let Ok(text) = std::fs::read_to_string(path) else {
         return Ok(());
     };
-    let kept: String = text
-        .lines()
-        .filter(|l| {
-            serde_json::from_str::<Value>(l)
-                .ok()
-                .filter(Value::is_object)
-                .and_then(|v| serde_json::from_value::<Stepped>(v).ok()?.step)
-                .is_some_and(|s| (s as usize) < step)
-        })
-        .map(|l| format!("{l}\n"))
-        .collect();
+    let mut kept = String::new();
+    let mut damaged = String::new();
+    for (i, l) in text.lines().enumerate() {
+        let parsed = serde_json::from_str::<Value>(l)
+            .ok()
+            .filter(Value::is_object)
+            .and_then(|v| serde_json::from_value::<Stepped>(v).ok()?.step);
+        match parsed {
+            Some(s) if (s as usize) < step => {
+                kept.push_str(l);
+                kept.push('\n');
+            }
+            Some(_) => {}
+            None if l.trim().is_empty() => {}
+            None => {
+                damaged.push_str(l);
+                damaged.push('\n');
+                warnings.push(format!(
+                    "{}:{}: a damaged line (not a record with a step) moved to {}.damaged",
+                    path.display(),
+                    i + 1,
+                    path.display()
+                ));
+            }
+        }
+    }
+    if !damaged.is_empty() {
+        let side = path.with_extension("jsonl.damaged");
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&side)
+            .map_err(RunDirError::io(&side))?;
+        f.write_all(damaged.as_bytes())
+            .map_err(RunDirError::io(&side))?;
+    }
     super::write_atomic(path, kept.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn truncation_keeps_earlier_steps_and_sets_damaged_lines_aside() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("metrics.jsonl");
+        std::fs::write(
+            &path,
+            "{\"step\":0}\n{\"st\u{ff}\u{ff}\n{\"step\":1}\n[1]\n\n{\"step\":2}\n{\"step\":3,\"x\"",
+        )
+        .unwrap();
+        let mut warnings = Vec::new();
+        truncate_after(&path, 2, &mut warnings).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            "{\"step\":0}\n{\"step\":1}\n"
+        );
+        assert_eq!(
+            std::fs::read_to_string(tmp.path().join("metrics.jsonl.damaged")).unwrap(),
+            "{\"st\u{ff}\u{ff}\n[1]\n{\"step\":3,\"x\"\n"
+        );
+        assert_eq!(warnings.len(), 3, "{warnings:?}");
+        assert!(
+            warnings[0].contains("metrics.jsonl:2: a damaged line"),
+            "{warnings:?}"
+        );
+        assert!(warnings[2].contains("metrics.jsonl:7:"), "{warnings:?}");
+    }
 }

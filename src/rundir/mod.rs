@@ -196,12 +196,17 @@ impl RunDir {
 
     /// Before resuming at `step`: drop the log lines written after the
     /// checkpoint (they will be written again). Evaluations at `step` ran
-    /// before that checkpoint was saved, so they stay.
-    pub fn truncate_for_resume(&self, step: usize) -> Result<(), RunDirError> {
-        jsonl::truncate_after(&self.root.join(StepLine::FILE), step)?;
-        jsonl::truncate_after(&self.root.join(EvalLine::FILE), step + 1)?;
-        jsonl::truncate_after(&self.root.join(ReloadLine::FILE), step)?;
-        jsonl::truncate_after(&self.root.join(EnvErrorLine::FILE), step)
+    /// before that checkpoint was saved, so they stay. Damaged lines are
+    /// set aside with a warning each (see [`jsonl::truncate_after`]).
+    pub fn truncate_for_resume(
+        &self,
+        step: usize,
+        warnings: &mut Vec<String>,
+    ) -> Result<(), RunDirError> {
+        jsonl::truncate_after(&self.root.join(StepLine::FILE), step, warnings)?;
+        jsonl::truncate_after(&self.root.join(EvalLine::FILE), step + 1, warnings)?;
+        jsonl::truncate_after(&self.root.join(ReloadLine::FILE), step, warnings)?;
+        jsonl::truncate_after(&self.root.join(EnvErrorLine::FILE), step, warnings)
     }
 
     /// The in-region task ids each panel's first evaluation recorded in

@@ -162,7 +162,7 @@ pub fn run(
     on_event: &mut dyn FnMut(Event),
 ) -> Result<RunSummary, RunError> {
     let t_start = Instant::now();
-    let (mut ctx, start_step) = setup::setup(exp, opts)?;
+    let (mut ctx, start_step, warnings) = setup::setup(exp, opts)?;
     let steps = ctx.exp.steps;
     on_event(Event::Started {
         run_dir: ctx.dir.path().to_path_buf(),
@@ -173,6 +173,9 @@ pub fn run(
         train_tasks: ctx.train.len(),
         test_tasks: ctx.test.len(),
     });
+    for w in warnings {
+        on_event(Event::Log(w));
+    }
     let make = {
         let spec = ctx.exp.env.spec();
         move |limit: usize| -> Box<dyn Env> { make_env(&spec, limit) }

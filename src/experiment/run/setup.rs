@@ -20,8 +20,13 @@ use crate::rundir::RunDir;
 use crate::script::watch::FileWatcher;
 use crate::train::Trainer;
 
-/// Build everything a run holds; returns it with the step to start at.
-pub(super) fn setup(exp: Experiment, opts: &RunOptions) -> Result<(Ctx, usize), RunError> {
+/// Build everything a run holds; returns it with the step to start at and
+/// the warnings to show (damaged log lines set aside on resume).
+pub(super) fn setup(
+    exp: Experiment,
+    opts: &RunOptions,
+) -> Result<(Ctx, usize, Vec<String>), RunError> {
+    let mut warnings = Vec::new();
     let device = policies::device(&exp)?;
     let (dir, lock, resumed) = match &opts.resume {
         Some(d) => {
@@ -46,7 +51,7 @@ pub(super) fn setup(exp: Experiment, opts: &RunOptions) -> Result<(Ctx, usize), 
         None => fresh_state(&exp, &dir, &mut host)?,
     };
     if resumed.is_some() {
-        dir.truncate_for_resume(scripts.start_step)?;
+        dir.truncate_for_resume(scripts.start_step, &mut warnings)?;
     }
     let regions = dir.regions()?;
     let tb = Some(dir.tensorboard()?);
@@ -78,6 +83,7 @@ pub(super) fn setup(exp: Experiment, opts: &RunOptions) -> Result<(Ctx, usize), 
             ropts,
         },
         scripts.start_step,
+        warnings,
     ))
 }
 
