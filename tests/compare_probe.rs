@@ -69,7 +69,7 @@ fn a_comparison_runs_each_entry_on_the_same_setup_and_writes_one_report() {
         "deep merge keeps sibling keys"
     );
 
-    let out = experiment::run_comparison(&c, None, &mut |_| {}).unwrap();
+    let out = experiment::run_comparison(&c, &RunOptions::default(), &mut |_| {}).unwrap();
     assert_eq!(out.dir, tmp.path().join("cmp"));
     for name in ["zero", "g2"] {
         let d = out.dir.join(name);

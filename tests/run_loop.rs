@@ -186,6 +186,56 @@ fn resume_after_a_stop_equals_an_uninterrupted_run() {
 }
 
 #[test]
+fn an_interrupt_ends_the_step_writes_a_checkpoint_and_resumes_exactly() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let tmp = tempfile::tempdir().unwrap();
+    let full = experiment(tmp.path(), "full", 4, "gaussian.rhai");
+    let sf = experiment::run(full, &RunOptions::default(), &mut |_| {}).unwrap();
+    assert!(!sf.interrupted);
+
+    let part = experiment(tmp.path(), "part", 4, "gaussian.rhai");
+    let dir = part.run_dir();
+    let flag = Arc::new(AtomicBool::new(false));
+    let opts = RunOptions {
+        interrupt: Some(flag.clone()),
+        ..Default::default()
+    };
+    let mut logs = Vec::new();
+    // Raised while step 0 is reported (as a signal would, mid-run): the
+    // run stops after it, off the checkpoint schedule (every 2).
+    let s1 = experiment::run(part, &opts, &mut |ev| match ev {
+        experiment::Event::Step { step: 0, .. } => flag.store(true, Ordering::SeqCst),
+        experiment::Event::Log(l) => logs.push(l),
+        _ => {}
+    })
+    .unwrap();
+    assert!(s1.interrupted);
+    assert_eq!(s1.steps_done, 1);
+    assert!(dir.join("checkpoints/step-000001").is_dir());
+    assert!(
+        logs.iter()
+            .any(|l| l.contains("interrupted: stopped after step 1 of 4")),
+        "{logs:?}"
+    );
+    let exp: Experiment =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("experiment.json")).unwrap())
+            .unwrap();
+    let s2 = experiment::run(
+        exp,
+        &RunOptions {
+            resume: Some(dir.clone()),
+            ..Default::default()
+        },
+        &mut |_| {},
+    )
+    .unwrap();
+    assert_eq!(s2.steps_done, 4);
+    assert_eq!(metrics(&sf.run_dir), metrics(&dir));
+    assert_eq!(weights(&sf.run_dir, 4), weights(&dir, 4));
+}
+
+#[test]
 fn bad_experiment_file_gives_a_positioned_error_and_starts_nothing() {
     let tmp = tempfile::tempdir().unwrap();
     let path = tmp.path().join("bad.rhai");

@@ -181,7 +181,14 @@ fn rate(x: Option<f64>) -> String {
 pub fn print_summary(summary: &RunSummary) {
     println!("── summary ─────────────────────────────────────────────");
     println!("run dir            {}", summary.run_dir.display());
-    println!("steps              {}", summary.steps_done);
+    if summary.interrupted {
+        println!(
+            "steps              {} (interrupted; resume with --resume)",
+            summary.steps_done
+        );
+    } else {
+        println!("steps              {}", summary.steps_done);
+    }
     println!(
         "test success       start {}  →  end {}",
         rate(summary.start_test_success),

@@ -1,6 +1,8 @@
 //! `actguide run`: run an experiment file, a comparison, or resume a run.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -32,10 +34,15 @@ pub fn run(args: RunArgs) -> Result<()> {
         stop_after,
         plain,
     } = args;
+    let opts = RunOptions {
+        resume: resume.clone(),
+        stop_after,
+        interrupt: Some(interrupt_on_signals()?),
+    };
     let exp = match (&experiment, &resume) {
         (Some(p), None) => match ExperimentFile::load(p)? {
             ExperimentFile::Single(e) => *e,
-            ExperimentFile::Compare(c) => return compare(&c, stop_after, plain),
+            ExperimentFile::Compare(c) => return compare(&c, &opts, plain),
         },
         (None, Some(d)) => resolved_config(d)?,
         (Some(_), Some(_)) => bail!("give either an experiment file or --resume RUN_DIR, not both"),
@@ -44,12 +51,28 @@ pub fn run(args: RunArgs) -> Result<()> {
         }
     };
     let printer = EventPrinter::new(exp.steps, plain);
-    let summary = experiment::run(exp, &RunOptions { resume, stop_after }, &mut |ev| {
-        printer.print(ev)
-    })?;
+    let summary = experiment::run(exp, &opts, &mut |ev| printer.print(ev))?;
     printer.finish();
     print_summary(&summary);
     Ok(())
+}
+
+/// A flag SIGINT / SIGTERM raise: the run ends its step, writes a
+/// checkpoint and stops. A second signal ends the process at once.
+fn interrupt_on_signals() -> Result<Arc<AtomicBool>> {
+    let flag = Arc::new(AtomicBool::new(false));
+    let seen = flag.clone();
+    ctrlc::set_handler(move || {
+        if seen.swap(true, Ordering::SeqCst) {
+            eprintln!("second interrupt: stopping now, without a checkpoint");
+            std::process::exit(130);
+        }
+        eprintln!(
+            "interrupt: finishing the current step, then writing a checkpoint (again to stop now)"
+        );
+    })
+    .context("cannot install the SIGINT/SIGTERM handler")?;
+    Ok(flag)
 }
 
 /// The resolved config a run wrote into its directory (`--resume`).
@@ -61,10 +84,10 @@ fn resolved_config(run_dir: &std::path::Path) -> Result<Experiment> {
 }
 
 /// Run a comparison, then print one line per run and where the report is.
-fn compare(c: &Comparison, stop_after: Option<usize>, plain: bool) -> Result<()> {
+fn compare(c: &Comparison, opts: &RunOptions, plain: bool) -> Result<()> {
     let steps = c.runs.first().map_or(0, |e| e.steps);
     let printer = EventPrinter::new(steps, plain);
-    let out = experiment::run_comparison(c, stop_after, &mut |ev| printer.print(ev))?;
+    let out = experiment::run_comparison(c, opts, &mut |ev| printer.print(ev))?;
     printer.finish();
     print_comparison(&out);
     Ok(())

@@ -24,11 +24,12 @@ pub struct ComparisonSummary {
 }
 
 /// Run every entry of `cmp` in order, each into `<dir>/<entry name>`, then
-/// write the comparison report to `<dir>/report`. `stop_after` (steps per
-/// run) is for smoke tests.
+/// write the comparison report to `<dir>/report`. `opts.stop_after` (steps
+/// per run) is for smoke tests; `opts.resume` is not used; an interrupt
+/// stops the entry in progress (with a checkpoint) and skips the rest.
 pub fn run_comparison(
     cmp: &Comparison,
-    stop_after: Option<usize>,
+    opts: &RunOptions,
     on_event: &mut dyn FnMut(Event),
 ) -> Result<ComparisonSummary, RunError> {
     let dir = fresh_dir(&Path::new(&cmp.runs_dir).join(&cmp.name), COMPARISON_FILE);
@@ -50,11 +51,14 @@ pub fn run_comparison(
             exp,
             &RunOptions {
                 resume: None,
-                stop_after,
+                ..opts.clone()
             },
             on_event,
         )?);
         dirs.extend(runs.last().map(|r| r.run_dir.clone()));
+        if opts.interrupted() {
+            break;
+        }
     }
     let out = dir.join("report");
     crate::report::write_report(&dirs, &out).map_err(|source| RunError::Report {

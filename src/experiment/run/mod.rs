@@ -19,6 +19,8 @@ mod views;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 use crate::env::{make_env, Env, Task};
@@ -48,6 +50,18 @@ pub struct RunOptions {
     /// Stop after this many steps of this invocation (tests simulate a
     /// killed run with it); the step budget of the experiment is unchanged.
     pub stop_after: Option<usize>,
+    /// Raised from outside (the binary's SIGINT/SIGTERM handler): the run
+    /// finishes the step in progress, writes a checkpoint and stops.
+    pub interrupt: Option<Arc<AtomicBool>>,
+}
+
+impl RunOptions {
+    /// Whether [`RunOptions::interrupt`] has been raised.
+    pub fn interrupted(&self) -> bool {
+        self.interrupt
+            .as_ref()
+            .is_some_and(|f| f.load(Ordering::SeqCst))
+    }
 }
 
 /// What the loop reports while it runs (the binary prints these).
@@ -101,6 +115,8 @@ pub struct RunSummary {
     pub rollout_tokens_per_s: f64,
     pub train_tokens_per_s: f64,
     pub seconds_per_step: f64,
+    /// Stopped early by [`RunOptions::interrupt`] (after a checkpoint).
+    pub interrupted: bool,
 }
 
 /// Everything a run holds.
@@ -186,6 +202,7 @@ pub fn run(
     let mut totals = Totals::default();
     let mut step = start_step;
     let mut done_here = 0usize;
+    let mut interrupted = false;
     while step < steps {
         if opts.stop_after.is_some_and(|n| done_here >= n) {
             break;
@@ -205,9 +222,23 @@ pub fn run(
             run_eval(&mut ctx, step, &make, on_event)?;
         }
         let ck = ctx.exp.checkpoint.every;
-        if step == steps || (ck > 0 && step % ck == 0) {
+        let saved = step == steps || (ck > 0 && step % ck == 0);
+        if saved {
             let dir = save_checkpoint(&ctx, step)?;
             on_event(Event::Checkpoint(dir));
+        }
+        if opts.interrupted() && step < steps {
+            if !saved {
+                let dir = save_checkpoint(&ctx, step)?;
+                on_event(Event::Checkpoint(dir));
+            }
+            on_event(Event::Log(format!(
+                "interrupted: stopped after step {step} of {steps} with a checkpoint; \
+                 continue with `actguide run --resume {}`",
+                ctx.dir.path().display()
+            )));
+            interrupted = true;
+            break;
         }
     }
     let secs = t_start.elapsed().as_secs_f64();
@@ -224,6 +255,7 @@ pub fn run(
         } else {
             0.0
         },
+        interrupted,
     })
 }
 
