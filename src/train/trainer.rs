@@ -81,11 +81,6 @@ impl Trainer {
         self.opt.load_state(tensors, t)
     }
 
-    /// The frozen KL reference, kept only when `kl_coef > 0`.
-    pub fn reference(&self) -> Option<&Policy> {
-        self.reference.as_ref()
-    }
-
     pub fn lr(&self, step: usize) -> f64 {
         schedule::lr_at(
             self.cfg.lr,
