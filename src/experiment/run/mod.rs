@@ -281,7 +281,7 @@ fn save_checkpoint(ctx: &Ctx, step: usize) -> Result<PathBuf, RunError> {
     let state = RunState {
         step,
         seed: ctx.exp.seed,
-        optimizer_t: ctx.trainer.opt.t,
+        optimizer_t: ctx.trainer.optimizer().t,
         host: ctx.host.snapshot(),
         script_hash: ctx.host.hash().to_string(),
         script_copy: ctx.script_copy.clone(),
@@ -294,7 +294,7 @@ fn save_checkpoint(ctx: &Ctx, step: usize) -> Result<PathBuf, RunError> {
         &state,
         CheckpointFiles {
             weights,
-            optimizer: ctx.trainer.opt.state_tensors(),
+            optimizer: ctx.trainer.optimizer().state_tensors(),
             adapter: ctx.policy.lora(),
             base_model: &ctx.exp.model.path,
             model: &ctx.src,

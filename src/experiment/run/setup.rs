@@ -187,8 +187,7 @@ fn resume_state(
         msg,
     };
     trainer
-        .opt
-        .load_state(&l.optimizer, l.state.optimizer_t)
+        .restore_optimizer(&l.optimizer, l.state.optimizer_t)
         .map_err(|e| resume(e.to_string()))?;
     host.restore(&l.state.host)
         .map_err(|e| resume(e.to_string()))?;

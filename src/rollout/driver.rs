@@ -1,0 +1,132 @@
+//! The batched driver: every live episode advances one turn per step, with
+//! one generation call over all of them.
+
+use std::time::Instant;
+
+use rand_chacha::ChaCha8Rng;
+
+use crate::env::Env;
+use crate::guidance::host::{Intervention, TurnView};
+use crate::model::{GenerateOptions, ModelError, Policy, Tok, TokenTrie};
+
+use super::encode::Fmt;
+use super::episode::{Episode, EpisodeRequest, Live};
+use super::{RolloutError, RolloutOptions};
+
+/// Throughput counters of one `run` call.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct RolloutStats {
+    pub prompt_tokens: usize,
+    pub generated_tokens: usize,
+    pub generate_calls: usize,
+    pub seconds: f64,
+}
+
+/// Called before each policy turn of each live episode.
+pub type InterveneFn<'f> = &'f mut dyn FnMut(&TurnView) -> Intervention;
+
+/// Run all `requests` to completion. `make_env(limit)` builds a fresh env
+/// per episode with that step limit (see [`RolloutOptions::env_limit`]).
+/// Generation is one batch over every live episode per turn. `expert()`
+/// requests replay the expert trajectory and record it as off-policy turns.
+pub fn run(
+    policy: &Policy,
+    tok: &Tok,
+    make_env: &dyn Fn(usize) -> Box<dyn Env>,
+    requests: &[EpisodeRequest<'_>],
+    opts: &RolloutOptions,
+    rng: &mut ChaCha8Rng,
+    mut intervene: Option<InterveneFn<'_>>,
+) -> Result<(Vec<Episode>, RolloutStats), RolloutError> {
+    let t0 = Instant::now();
+    let fmt = Fmt::new(policy, tok, opts)?;
+    let mut stats = RolloutStats::default();
+    let mut live: Vec<Live> = Vec::with_capacity(requests.len());
+    for req in requests {
+        live.push(Live::start(req, make_env, &fmt, opts)?);
+    }
+    let gen_opts = GenerateOptions {
+        max_new_tokens: opts.max_action_tokens,
+        temperature: opts.temperature,
+        top_p: opts.top_p,
+        greedy: opts.greedy,
+        eos_token_id: fmt.stop,
+    };
+    loop {
+        // Interventions: a hint for this turn, or the end of the episode.
+        let hints = match intervene.as_mut() {
+            Some(f) => intervene_all(&mut live, &mut **f),
+            None => vec![None; live.len()],
+        };
+        let idx: Vec<usize> = (0..live.len()).filter(|&i| !live[i].done).collect();
+        if idx.is_empty() {
+            break;
+        }
+        let batch = turn_batch(&live, &idx, &hints, &fmt, opts)?;
+        stats.prompt_tokens += batch.prompts.iter().map(Vec::len).sum::<usize>();
+        let gens = policy.generate(
+            &batch.prompts,
+            &gen_opts,
+            if opts.constrained {
+                Some(&batch.tries)
+            } else {
+                None
+            },
+            rng,
+        )?;
+        stats.generate_calls += 1;
+        let turns = batch.prompts.into_iter().zip(batch.unguided);
+        for ((&i, g), (p, u)) in idx.iter().zip(gens).zip(turns) {
+            stats.generated_tokens += g.tokens.len();
+            live[i].apply(g, p, u, &fmt, tok, opts)?;
+        }
+    }
+    stats.seconds = t0.elapsed().as_secs_f64();
+    Ok((live.into_iter().map(Live::finish).collect(), stats))
+}
+
+/// Ask the intervention about every live episode, in order: the hint each
+/// one shows this turn.
+fn intervene_all(
+    live: &mut [Live<'_>],
+    f: &mut dyn FnMut(&TurnView) -> Intervention,
+) -> Vec<Option<String>> {
+    live.iter_mut()
+        .map(|l| if l.done { None } else { l.intervene(f) })
+        .collect()
+}
+
+/// The generation inputs of one turn, one entry per live episode.
+struct TurnBatch {
+    /// The prompts generated under (plan or hint shown).
+    prompts: Vec<Vec<u32>>,
+    /// The same states without the guidance, where guided.
+    unguided: Vec<Option<Vec<u32>>>,
+    /// Admissible-action tries (constrained decoding only).
+    tries: Vec<TokenTrie>,
+}
+
+/// The generation inputs of this turn for the live episodes `idx`.
+fn turn_batch(
+    live: &[Live<'_>],
+    idx: &[usize],
+    hints: &[Option<String>],
+    fmt: &Fmt<'_>,
+    opts: &RolloutOptions,
+) -> Result<TurnBatch, ModelError> {
+    let mut b = TurnBatch {
+        prompts: Vec::with_capacity(idx.len()),
+        unguided: Vec::with_capacity(idx.len()),
+        tries: Vec::with_capacity(idx.len()),
+    };
+    for &i in idx {
+        let l = &live[i];
+        let (guided, unguided) = l.turn_prompts(hints[i].as_ref(), fmt, opts)?;
+        b.prompts.push(guided);
+        b.unguided.push(unguided);
+        if opts.constrained {
+            b.tries.push(l.action_trie(fmt)?);
+        }
+    }
+    Ok(b)
+}

@@ -1,0 +1,258 @@
+//! The records a rollout produces ([`EpisodeRequest`] in, [`Episode`] of
+//! [`Turn`]s out) and the state of one episode while it runs ([`Live`]):
+//! its start with the executed expert prefix, its history, its prompts and
+//! its end.
+
+use crate::env::{Env, EnvError, Task};
+use crate::guidance::ResolvedSpec;
+use crate::model::ModelError;
+
+use super::encode::Fmt;
+use super::prompt::{PromptParts, Step};
+use super::{RolloutError, RolloutOptions};
+
+/// One episode to run.
+#[derive(Debug, Clone)]
+pub struct EpisodeRequest<'a> {
+    pub task: &'a Task,
+    pub spec: ResolvedSpec,
+}
+
+/// One turn of an episode, with everything the trainer needs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Turn {
+    /// Context the action was generated under (with the plan, if any).
+    pub prompt_ids: Vec<u32>,
+    /// The same turn's prompt without the plan (for internalised plan
+    /// guidance: score the guided tokens under the unguided prompt).
+    pub unguided_prompt_ids: Option<Vec<u32>>,
+    /// Action tokens including the end-of-action token.
+    pub action_ids: Vec<u32>,
+    /// Behaviour log-probs of `action_ids` (empty for prefix turns).
+    pub logprobs: Vec<f32>,
+    /// An executed expert action: never a policy token.
+    pub prefix: bool,
+    /// A turn of an `expert()` episode: the expert's action, trained as an
+    /// off-policy sample (LUFFY).
+    pub off_policy: bool,
+    /// The action matched an admissible action.
+    pub valid: bool,
+    pub action: String,
+}
+
+/// A finished episode.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Episode {
+    pub task_id: String,
+    pub spec: ResolvedSpec,
+    pub turns: Vec<Turn>,
+    pub success: bool,
+    /// Env reward plus shaping (invalid-action penalties).
+    pub reward: f64,
+    pub invalid: usize,
+    /// Policy turns (prefix turns excluded).
+    pub policy_turns: usize,
+    /// Set when the env failed; the episode counts as a failure.
+    pub error: Option<String>,
+    /// Turns an intervention script hinted, and whether it stopped the
+    /// episode.
+    pub hints: usize,
+    pub stopped: bool,
+    /// Every action taken, executed prefix included.
+    pub actions: Vec<String>,
+    /// How many reference actions the episode reproduced in order from the
+    /// start (executed prefix included).
+    pub expert_match: usize,
+    /// The env's numeric extras from the episode's last observation.
+    pub info: std::collections::BTreeMap<String, f64>,
+}
+
+/// An episode while it runs: its env, the history the prompt shows, and
+/// the record being built.
+pub(super) struct Live<'a> {
+    pub(super) req: EpisodeRequest<'a>,
+    pub(super) env: Box<dyn Env>,
+    pub(super) history: Vec<Step>,
+    pub(super) observation: String,
+    pub(super) admissible: Vec<String>,
+    pub(super) plan: Vec<String>,
+    pub(super) ep: Episode,
+    pub(super) done: bool,
+}
+
+impl<'a> Live<'a> {
+    /// A fresh episode for `req` in `env` (not reset yet); the plan is the
+    /// first `req.spec.plan` expert actions.
+    pub(super) fn new(req: EpisodeRequest<'a>, env: Box<dyn Env>) -> Self {
+        let expert = &req.task.expert;
+        Live {
+            plan: expert[..req.spec.plan.min(expert.len())].to_vec(),
+            ep: Episode {
+                task_id: req.task.id.clone(),
+                spec: req.spec,
+                turns: Vec::new(),
+                success: false,
+                reward: 0.0,
+                invalid: 0,
+                policy_turns: 0,
+                error: None,
+                hints: 0,
+                stopped: false,
+                actions: Vec::new(),
+                expert_match: 0,
+                info: Default::default(),
+            },
+            req,
+            env,
+            history: Vec::new(),
+            observation: String::new(),
+            admissible: Vec::new(),
+            done: false,
+        }
+    }
+
+    /// Start the episode for `req`: a fresh env from `make_env`, reset, then
+    /// the executed expert prefix (or, for an `expert()` episode, the whole
+    /// expert trajectory). An env failure ends the episode, not the call.
+    pub(super) fn start(
+        req: &EpisodeRequest<'a>,
+        make_env: &dyn Fn(usize) -> Box<dyn Env>,
+        fmt: &Fmt<'_>,
+        opts: &RolloutOptions,
+    ) -> Result<Self, RolloutError> {
+        // An expert() episode replays the whole trajectory: its limit
+        // counts every expert action as executed.
+        let executed = if req.spec.expert {
+            req.task.expert.len()
+        } else {
+            req.spec.prefix
+        };
+        let env = make_env(opts.env_limit(req.task.expert.len(), executed));
+        let mut l = Live::new(req.clone(), env);
+        match l.env.reset(req.task) {
+            Ok(obs) => {
+                l.observation = obs.text;
+                l.admissible = obs.admissible;
+                l.done = obs.done;
+            }
+            Err(e) => {
+                l.fail(e);
+                return Ok(l);
+            }
+        }
+        l.execute_prefix(fmt, opts)?;
+        Ok(l)
+    }
+
+    /// Executed expert prefix: the env runs the actions, they enter the
+    /// history, and each is recorded (for the auxiliary NLL only). An
+    /// expert() episode is the whole trajectory, recorded as off-policy
+    /// turns (LUFFY), and ends with it.
+    fn execute_prefix(&mut self, fmt: &Fmt<'_>, opts: &RolloutOptions) -> Result<(), ModelError> {
+        let task = self.req.task;
+        let expert_ep = self.req.spec.expert;
+        let n_exec = if expert_ep {
+            task.expert.len()
+        } else {
+            self.req.spec.prefix
+        };
+        for a in task.expert.iter().take(n_exec) {
+            let record = if opts.record_prefix || expert_ep {
+                let prompt_ids = self.prompt(fmt, &self.plan, opts.history, opts.show_actions)?;
+                let mut action_ids = fmt.action_ids(a)?;
+                action_ids.push(fmt.stop);
+                Some((prompt_ids, action_ids))
+            } else {
+                None
+            };
+            match self.env.step(a) {
+                Ok(obs) => {
+                    if let Some((prompt_ids, action_ids)) = record {
+                        self.ep.turns.push(Turn {
+                            prompt_ids,
+                            unguided_prompt_ids: None,
+                            action_ids,
+                            logprobs: Vec::new(),
+                            prefix: !expert_ep,
+                            off_policy: expert_ep,
+                            valid: obs.valid,
+                            action: a.clone(),
+                        });
+                    }
+                    self.advance(a.clone(), obs.text, obs.admissible);
+                    if obs.done {
+                        self.ep.success = obs.success;
+                        self.ep.reward += f64::from(obs.reward);
+                        self.done = true;
+                        break;
+                    }
+                }
+                Err(e) => {
+                    self.fail(e);
+                    break;
+                }
+            }
+        }
+        if expert_ep {
+            self.done = true;
+        }
+        Ok(())
+    }
+
+    /// `action` was taken and the env answered `text` with `admissible`:
+    /// the old observation and the action enter the history.
+    pub(super) fn advance(&mut self, action: String, text: String, admissible: Vec<String>) {
+        let before = std::mem::replace(&mut self.observation, text);
+        self.history.push(Step {
+            observation: before,
+            action,
+        });
+        self.admissible = admissible;
+    }
+
+    /// Prompt token ids of the current state with `plan` shown.
+    pub(super) fn prompt(
+        &self,
+        fmt: &Fmt<'_>,
+        plan: &[String],
+        window: usize,
+        show_actions: bool,
+    ) -> Result<Vec<u32>, ModelError> {
+        fmt.prompt(&PromptParts {
+            goal: &self.req.task.goal,
+            plan,
+            history: &self.history,
+            window,
+            status: &self.env.status(),
+            observation: &self.observation,
+            admissible: &self.admissible,
+            show_actions,
+        })
+    }
+
+    /// The reference's next action after the longest prefix of it this
+    /// episode has followed.
+    pub(super) fn expert_next(&self) -> (usize, String) {
+        let expert = &self.req.task.expert;
+        let m = expert
+            .iter()
+            .zip(&self.history)
+            .take_while(|(e, h)| *e == &h.action)
+            .count();
+        (m, expert.get(m).cloned().unwrap_or_default())
+    }
+
+    pub(super) fn fail(&mut self, e: EnvError) {
+        self.ep.error = Some(e.to_string());
+        self.done = true;
+    }
+
+    /// The finished record: the reference match and every action taken.
+    pub(super) fn finish(self) -> Episode {
+        let (m, _) = self.expert_next();
+        let mut ep = self.ep;
+        ep.expert_match = m;
+        ep.actions = self.history.into_iter().map(|h| h.action).collect();
+        ep
+    }
+}

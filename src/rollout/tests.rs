@@ -1,0 +1,181 @@
+//! Tests of the rollout driver (formats, prefixes, env limits).
+
+use super::chat::{self, PromptFormat};
+use super::encode::Fmt;
+use super::prompt::{self, project};
+use super::*;
+use crate::env::{Env, Task};
+use crate::guidance::ResolvedSpec;
+use crate::model::{Policy, Tok};
+
+fn opts(max_steps: usize, step_slack: Option<usize>) -> RolloutOptions {
+    RolloutOptions {
+        temperature: 1.0,
+        top_p: 1.0,
+        greedy: false,
+        constrained: true,
+        history: 1,
+        invalid_penalty: 0.0,
+        max_action_tokens: 8,
+        show_actions: true,
+        record_prefix: false,
+        max_steps,
+        step_slack,
+        format: PromptFormat::Plain,
+    }
+}
+
+/// A tiny random policy whose word-level tokenizer has the ChatML
+/// specials (and the tag pieces `<`, `</`, `>`, `action`, `think`).
+fn chat_setup() -> (Policy, Tok, Vec<Task>) {
+    let mut words: Vec<String> = crate::env::household::vocabulary()
+        .iter()
+        .map(|w| w.to_lowercase())
+        .collect();
+    words.extend(["<", "</", ">", "action", "think"].map(String::from));
+    words.sort();
+    words.dedup();
+    let tok =
+        Tok::build_word_level(&words, &["[PAD]", "<|im_start|>", "<|im_end|>", "[EOS]"]).unwrap();
+    let cfg = crate::tiny::tiny_config(tok.vocab_size());
+    let policy = Policy::new_random(
+        &cfg,
+        &mut crate::seed::rng(7, &[1]),
+        &candle_core::Device::Cpu,
+    )
+    .unwrap();
+    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let tasks = crate::env::panel::read_jsonl(&root.join("envs/household/test.jsonl")).unwrap();
+    (policy, tok, tasks[..2].to_vec())
+}
+
+fn household(limit: usize) -> Box<dyn Env> {
+    crate::env::make_env(
+        &crate::env::EnvSpec::builtin(crate::env::BuiltinEnv::Household),
+        limit,
+    )
+}
+
+#[test]
+fn chat_format_violations_are_invalid_with_the_penalty() {
+    let (policy, tok, tasks) = chat_setup();
+    let stop = tok.token_id("<|im_end|>").unwrap();
+    let o = RolloutOptions {
+        constrained: false,
+        // Too short for `< action > … </ action >`: every answer is a
+        // format violation.
+        max_action_tokens: 4,
+        invalid_penalty: -0.25,
+        format: PromptFormat::Chat(None),
+        ..opts(3, None)
+    };
+    let reqs: Vec<EpisodeRequest> = tasks
+        .iter()
+        .map(|t| EpisodeRequest {
+            task: t,
+            spec: ResolvedSpec {
+                plan: 2,
+                ..Default::default()
+            },
+        })
+        .collect();
+    let mut rng = crate::seed::rng(7, &[2]);
+    let (eps, _) = run(&policy, &tok, &household, &reqs, &o, &mut rng, None).unwrap();
+    for ep in &eps {
+        assert!(ep.error.is_none(), "{:?}", ep.error);
+        assert_eq!(ep.policy_turns, 3);
+        assert_eq!(ep.invalid, 3);
+        assert!(!ep.success);
+        assert!((ep.reward - 3.0 * -0.25).abs() < 1e-12, "{}", ep.reward);
+        for t in &ep.turns {
+            assert!(!t.valid);
+            // The prompt is the rendered template: it starts with
+            // `<|im_start|>` and ends with the assistant header.
+            assert_eq!(t.prompt_ids[0], tok.token_id("<|im_start|>").unwrap());
+            assert!(t.unguided_prompt_ids.is_some());
+            assert!(t.action_ids.len() <= 4);
+            assert!(t.action_ids[..t.action_ids.len() - 1]
+                .iter()
+                .all(|&x| x != stop));
+        }
+    }
+    // A bare admissible action without tags is a violation too, and is
+    // not executed.
+    let fmt = Fmt::new(&policy, &tok, &o).unwrap();
+    assert_eq!(fmt.stop, stop);
+    let adm = vec!["look".to_string()];
+    let (valid, action) = fmt.read("look", &adm);
+    assert!(!valid);
+    assert!(project(&action, &adm).is_none(), "{action}");
+    assert_eq!(
+        fmt.read("< action > look </ action >", &adm),
+        (true, "look".to_string())
+    );
+    assert_eq!(
+        fmt.read("<action>jump</action>", &adm),
+        (false, "jump".to_string())
+    );
+}
+
+#[test]
+fn chat_format_constrained_actions_are_executed() {
+    let (policy, tok, tasks) = chat_setup();
+    let stop = tok.token_id("<|im_end|>").unwrap();
+    let o = RolloutOptions {
+        max_action_tokens: 40,
+        invalid_penalty: -0.25,
+        record_prefix: true,
+        format: PromptFormat::Chat(None),
+        ..opts(3, None)
+    };
+    let reqs: Vec<EpisodeRequest> = tasks
+        .iter()
+        .map(|t| EpisodeRequest {
+            task: t,
+            spec: ResolvedSpec {
+                prefix: 1,
+                ..Default::default()
+            },
+        })
+        .collect();
+    let mut rng = crate::seed::rng(7, &[3]);
+    let (eps, _) = run(&policy, &tok, &household, &reqs, &o, &mut rng, None).unwrap();
+    for (ep, task) in eps.iter().zip(&tasks) {
+        assert!(ep.error.is_none(), "{:?}", ep.error);
+        assert_eq!(ep.invalid, 0);
+        assert!(ep.policy_turns >= 1);
+        // The executed prefix turn is recorded in the chat format.
+        let first = &ep.turns[0];
+        assert!(first.prefix);
+        let mut want = tok
+            .encode(&format!("<action>{}</action>", task.expert[0]))
+            .unwrap();
+        want.push(stop);
+        assert_eq!(first.action_ids, want);
+        for (t, a) in ep.turns.iter().zip(&ep.actions) {
+            assert!(t.valid);
+            assert_eq!(&t.action, a);
+            assert_eq!(t.action_ids.last(), Some(&stop));
+            let text = tok.decode(&t.action_ids).unwrap();
+            assert_eq!(normalize_action(&text), prompt::normalize(a), "{text}");
+        }
+    }
+    // No chat specials: a clear error.
+    let plain = crate::tiny::tiny_tokenizer().unwrap();
+    let e = run(&policy, &plain, &household, &reqs, &o, &mut rng, None).unwrap_err();
+    assert!(e.to_string().contains("chat special tokens"), "{e}");
+}
+
+fn normalize_action(text: &str) -> String {
+    prompt::normalize(&chat::parse_action(text).unwrap())
+}
+
+#[test]
+fn env_limit_counts_policy_actions_on_top_of_the_prefix() {
+    assert_eq!(opts(8, None).env_limit(6, 0), 8);
+    assert_eq!(opts(8, None).env_limit(6, 4), 12);
+    // With slack: expert actions left + slack, capped by max_steps.
+    assert_eq!(opts(8, Some(2)).env_limit(6, 4), 4 + 4);
+    assert_eq!(opts(8, Some(2)).env_limit(10, 0), 8);
+    assert_eq!(opts(8, Some(0)).env_limit(3, 3), 3 + 1);
+}

@@ -1,0 +1,308 @@
+//! Episodes to token samples: which turns are trained, under which prompt
+//! (plan losses), with which advantage and weight.
+
+use crate::guidance::PlanLoss;
+use crate::rollout::Episode;
+
+/// One scored sequence: a turn's prompt followed by its action tokens.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    pub seq: Vec<u32>,
+    /// Positions of the action tokens in `seq`.
+    pub targets: Vec<usize>,
+    /// Behaviour log-probs (policy samples) — empty for aux samples.
+    pub old_logp: Vec<f32>,
+    pub advantage: f32,
+    /// Index of the episode this turn belongs to (for seq-mean).
+    pub episode: usize,
+    /// An executed expert prefix action (aux NLL), not a policy turn.
+    pub aux: bool,
+    /// Trajectory weight for the aux NLL: 1 / n_prefix.
+    pub aux_weight: f32,
+    /// An expert token trained off-policy with LUFFY's shaped ratio
+    /// x / (x + γ), unclipped.
+    pub off_policy: bool,
+    /// A forced (executed expert) token in the policy loss (StepHint);
+    /// its ratio is taken against the current policy.
+    pub forced: bool,
+    /// Weight of this sample's policy-loss tokens (the `dual` mode's
+    /// off-policy term uses `dual_weight`).
+    pub weight: f32,
+}
+
+/// How episodes become samples.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SampleOptions {
+    /// Executed prefix actions as auxiliary NLL samples.
+    pub with_aux: bool,
+    /// Loss for turns generated under a plan or hint, unless a spec says
+    /// otherwise (never `PlanLoss::Default`).
+    pub plan_loss: PlanLoss,
+    pub dual_weight: f32,
+    /// Executed prefix actions as forced tokens in the policy loss.
+    pub train_prefix: bool,
+    /// Forced tokens never get a negative advantage (StepHint).
+    pub protect_forced: bool,
+}
+
+impl Default for SampleOptions {
+    fn default() -> Self {
+        SampleOptions {
+            with_aux: false,
+            plan_loss: PlanLoss::Internalize,
+            dual_weight: 0.1,
+            train_prefix: false,
+            protect_forced: true,
+        }
+    }
+}
+
+/// Build samples from episodes with one advantage per episode.
+pub fn build_samples(episodes: &[Episode], advantages: &[f64], o: &SampleOptions) -> Vec<Sample> {
+    let mut out = Vec::new();
+    for (ei, (ep, &adv)) in episodes.iter().zip(advantages).enumerate() {
+        let n_prefix = ep.turns.iter().filter(|t| t.prefix).count();
+        let base = |seq_prompt: &[u32], t: &crate::rollout::Turn| -> Sample {
+            let mut seq = seq_prompt.to_vec();
+            let start = seq.len();
+            seq.extend(&t.action_ids);
+            Sample {
+                targets: (start..seq.len()).collect(),
+                seq,
+                old_logp: t.logprobs.clone(),
+                advantage: adv as f32,
+                episode: ei,
+                aux: false,
+                aux_weight: 0.0,
+                off_policy: false,
+                forced: false,
+                weight: 1.0,
+            }
+        };
+        for t in &ep.turns {
+            if t.action_ids.is_empty() {
+                continue;
+            }
+            if t.prefix {
+                if o.with_aux {
+                    out.push(Sample {
+                        aux: true,
+                        aux_weight: 1.0 / n_prefix as f32,
+                        ..base(&t.prompt_ids, t)
+                    });
+                }
+                if o.train_prefix {
+                    let a = if o.protect_forced { adv.max(0.0) } else { adv };
+                    out.push(Sample {
+                        forced: true,
+                        advantage: a as f32,
+                        old_logp: Vec::new(),
+                        ..base(&t.prompt_ids, t)
+                    });
+                }
+                continue;
+            }
+            if t.off_policy {
+                out.push(Sample {
+                    off_policy: true,
+                    ..base(&t.prompt_ids, t)
+                });
+                continue;
+            }
+            let Some(unguided) = &t.unguided_prompt_ids else {
+                out.push(base(&t.prompt_ids, t));
+                continue;
+            };
+            let mode = match ep.spec.plan_loss {
+                PlanLoss::Default => o.plan_loss,
+                m => m,
+            };
+            match mode {
+                PlanLoss::OnPolicy | PlanLoss::Default => out.push(base(&t.prompt_ids, t)),
+                // Same tokens, unguided context; behaviour log-probs stay
+                // those of the guided context (ActGuide-RL §2).
+                PlanLoss::Internalize => out.push(base(unguided, t)),
+                PlanLoss::Dual => {
+                    out.push(base(&t.prompt_ids, t));
+                    out.push(Sample {
+                        weight: o.dual_weight,
+                        ..base(unguided, t)
+                    });
+                }
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn samples_skip_prefix_turns_unless_aux() {
+        use crate::guidance::ResolvedSpec;
+        use crate::rollout::{Episode, Turn};
+        let turn = |prefix: bool| Turn {
+            prompt_ids: vec![2, 5, 6],
+            unguided_prompt_ids: None,
+            action_ids: vec![7, 3],
+            logprobs: if prefix { vec![] } else { vec![-1.0, -0.5] },
+            prefix,
+            off_policy: false,
+            valid: true,
+            action: "look".into(),
+        };
+        let ep = Episode {
+            task_id: "t".into(),
+            spec: ResolvedSpec {
+                prefix: 2,
+                ..Default::default()
+            },
+            turns: vec![turn(true), turn(true), turn(false)],
+            success: true,
+            reward: 1.0,
+            invalid: 0,
+            policy_turns: 1,
+            error: None,
+            hints: 0,
+            stopped: false,
+            actions: vec![],
+            expert_match: 0,
+            info: Default::default(),
+        };
+        let s = build_samples(std::slice::from_ref(&ep), &[0.5], &SampleOptions::default());
+        assert_eq!(s.len(), 1);
+        assert_eq!(s[0].targets, vec![3, 4]);
+        assert_eq!(s[0].old_logp, vec![-1.0, -0.5]);
+        assert_eq!(s[0].advantage, 0.5);
+        let s = build_samples(
+            &[ep],
+            &[0.5],
+            &SampleOptions {
+                with_aux: true,
+                ..Default::default()
+            },
+        );
+        assert_eq!(s.iter().filter(|x| x.aux).count(), 2);
+        assert!(s.iter().filter(|x| x.aux).all(|x| x.aux_weight == 0.5));
+    }
+
+    fn guided_episode(loss: PlanLoss) -> Episode {
+        use crate::guidance::ResolvedSpec;
+        use crate::rollout::Turn;
+        Episode {
+            task_id: "t".into(),
+            spec: ResolvedSpec {
+                plan: 2,
+                plan_loss: loss,
+                ..Default::default()
+            },
+            turns: vec![Turn {
+                prompt_ids: vec![2, 9, 9, 5],
+                unguided_prompt_ids: Some(vec![2, 5]),
+                action_ids: vec![7, 3],
+                logprobs: vec![-0.7, -0.2],
+                prefix: false,
+                off_policy: false,
+                valid: true,
+                action: "look".into(),
+            }],
+            success: true,
+            reward: 1.0,
+            invalid: 0,
+            policy_turns: 1,
+            error: None,
+            hints: 0,
+            stopped: false,
+            actions: vec![],
+            expert_match: 0,
+            info: Default::default(),
+        }
+    }
+
+    #[test]
+    fn plan_losses_pick_the_context_of_the_guided_tokens() {
+        let o = SampleOptions::default();
+        // Internalised (the default): unguided prompt, guided behaviour log-probs.
+        let s = build_samples(&[guided_episode(PlanLoss::Default)], &[1.0], &o);
+        assert_eq!(s.len(), 1);
+        assert_eq!(s[0].seq, vec![2, 5, 7, 3]);
+        assert_eq!(s[0].targets, vec![2, 3]);
+        assert_eq!(s[0].old_logp, vec![-0.7, -0.2]);
+        // On-policy under the guided prompt, chosen per spec.
+        let s = build_samples(&[guided_episode(PlanLoss::OnPolicy)], &[1.0], &o);
+        assert_eq!(s[0].seq, vec![2, 9, 9, 5, 7, 3]);
+        // Dual: both, the unguided one weighted.
+        let s = build_samples(&[guided_episode(PlanLoss::Dual)], &[1.0], &o);
+        assert_eq!(s.len(), 2);
+        assert_eq!((s[0].seq.len(), s[0].weight), (6, 1.0));
+        assert_eq!((s[1].seq.len(), s[1].weight), (4, 0.1));
+        // The experiment default applies when the spec does not choose.
+        let on = SampleOptions {
+            plan_loss: PlanLoss::OnPolicy,
+            ..o
+        };
+        let s = build_samples(&[guided_episode(PlanLoss::Default)], &[1.0], &on);
+        assert_eq!(s[0].seq.len(), 6);
+    }
+
+    #[test]
+    fn forced_prefix_tokens_are_protected_from_negative_advantage() {
+        use crate::guidance::ResolvedSpec;
+        use crate::rollout::Turn;
+        let mut ep = guided_episode(PlanLoss::Default);
+        ep.spec = ResolvedSpec {
+            prefix: 1,
+            ..Default::default()
+        };
+        ep.turns = vec![Turn {
+            prompt_ids: vec![2, 5],
+            unguided_prompt_ids: None,
+            action_ids: vec![7, 3],
+            logprobs: vec![],
+            prefix: true,
+            off_policy: false,
+            valid: true,
+            action: "look".into(),
+        }];
+        let o = SampleOptions {
+            train_prefix: true,
+            ..Default::default()
+        };
+        let s = build_samples(std::slice::from_ref(&ep), &[-1.5], &o);
+        assert_eq!(s.len(), 1);
+        assert!(s[0].forced && !s[0].aux);
+        assert_eq!(s[0].advantage, 0.0);
+        let s = build_samples(std::slice::from_ref(&ep), &[0.5], &o);
+        assert_eq!(s[0].advantage, 0.5);
+        let unprotected = SampleOptions {
+            protect_forced: false,
+            ..o
+        };
+        let s = build_samples(&[ep], &[-1.5], &unprotected);
+        assert_eq!(s[0].advantage, -1.5);
+    }
+
+    #[test]
+    fn off_policy_expert_turns_become_luffy_samples() {
+        use crate::rollout::Turn;
+        let mut ep = guided_episode(PlanLoss::Default);
+        ep.spec.expert = true;
+        ep.spec.plan = 0;
+        ep.turns = vec![Turn {
+            prompt_ids: vec![2, 5],
+            unguided_prompt_ids: None,
+            action_ids: vec![7, 3],
+            logprobs: vec![],
+            prefix: false,
+            off_policy: true,
+            valid: true,
+            action: "look".into(),
+        }];
+        let s = build_samples(&[ep], &[0.8], &SampleOptions::default());
+        assert_eq!(s.len(), 1);
+        assert!(s[0].off_policy && !s[0].aux && !s[0].forced);
+        assert_eq!(s[0].advantage, 0.8);
+    }
+}

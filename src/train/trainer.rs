@@ -1,0 +1,395 @@
+//! The GRPO/PPO update: one optimiser step per minibatch, gradients
+//! accumulated over micro-batches of length-sorted samples, global
+//! grad-norm clipping, AdamW and the learning-rate schedule.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Instant;
+
+use candle_core::{DType, Device, Tensor};
+use rand::seq::SliceRandom;
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+
+use crate::model::{Policy, ScoreBatch, ScoreOutput};
+
+use super::loss::{luffy_token_loss, ppo_token_loss};
+use super::optim::{AdamW, AdamWParams};
+use super::samples::Sample;
+use super::schedule;
+use super::settings::{Aggregation, Schedule, TrainerSection};
+use super::stats::{MicroTokens, Sums, TrainStats};
+use super::TrainError;
+
+/// GRPO trainer: optimiser, schedule, frozen reference.
+pub struct Trainer {
+    cfg: TrainerSection,
+    opt: AdamW,
+    reference: Option<Policy>,
+    total_steps: usize,
+    temperature: f64,
+}
+
+impl Trainer {
+    /// `reference` is the frozen KL reference (the initial policy); it is
+    /// only kept when `kl_coef > 0`.
+    pub fn new(
+        policy: &Policy,
+        reference: Option<&Policy>,
+        cfg: &TrainerSection,
+        total_steps: usize,
+        temperature: f64,
+    ) -> Result<Self, TrainError> {
+        let opt = AdamW::new(
+            policy.named_vars(),
+            AdamWParams {
+                beta1: cfg.beta1,
+                beta2: cfg.beta2,
+                eps: cfg.eps,
+                weight_decay: cfg.weight_decay,
+            },
+        )?;
+        let reference = match reference {
+            Some(r) if cfg.kl_coef > 0.0 => Some(r.frozen_copy()?),
+            _ => None,
+        };
+        Ok(Trainer {
+            cfg: cfg.clone(),
+            opt,
+            reference,
+            total_steps,
+            temperature,
+        })
+    }
+
+    /// The trainer's settings.
+    pub fn settings(&self) -> &TrainerSection {
+        &self.cfg
+    }
+
+    /// The optimiser (its update count and moments go into checkpoints).
+    pub fn optimizer(&self) -> &AdamW {
+        &self.opt
+    }
+
+    /// Restore the optimiser's moments and update count from a checkpoint
+    /// (see [`AdamW::load_state`]).
+    pub fn restore_optimizer(
+        &mut self,
+        tensors: &HashMap<String, Tensor>,
+        t: u64,
+    ) -> Result<(), super::OptimStateError> {
+        self.opt.load_state(tensors, t)
+    }
+
+    pub fn lr(&self, step: usize) -> f64 {
+        schedule::lr_at(
+            self.cfg.lr,
+            step,
+            self.total_steps,
+            self.cfg.warmup_steps,
+            self.cfg.schedule == Schedule::Cosine,
+            self.cfg.min_lr_ratio,
+        )
+    }
+
+    /// One optimiser step per minibatch, `ppo_epochs` passes over `samples`.
+    pub fn step(
+        &mut self,
+        policy: &Policy,
+        samples: &[Sample],
+        step: usize,
+        rng: &mut ChaCha8Rng,
+    ) -> Result<TrainStats, TrainError> {
+        let t0 = Instant::now();
+        let lr = self.lr(step);
+        // LoRA dropout masks come from this step's stream (drawn only when
+        // dropout is on, so other runs keep their streams).
+        let dropout = policy.lora().is_some_and(|l| l.dropout > 0.0);
+        if dropout {
+            policy.set_dropout_seed(Some(rng.random()));
+        }
+        let mut stats = TrainStats {
+            lr,
+            ..Default::default()
+        };
+        let mut sums = Sums::default();
+        let mut updates = 0usize;
+        for _ in 0..self.cfg.ppo_epochs {
+            let mut order: Vec<usize> = (0..samples.len()).collect();
+            if self.cfg.minibatches > 1 {
+                order.shuffle(rng);
+            }
+            let per = samples.len().div_ceil(self.cfg.minibatches).max(1);
+            for mb in order.chunks(per) {
+                let mb: Vec<&Sample> = mb.iter().map(|&i| &samples[i]).collect();
+                let grads = self.accumulate(policy, &mb, &mut sums)?;
+                let norm = global_norm(&grads)?;
+                stats.grad_norm += norm;
+                let grads = self.clip(grads, norm)?;
+                self.opt.step(&grads, lr)?;
+                updates += 1;
+            }
+        }
+        let mut stats = sums.finish(stats, updates, self.cfg.ppo_epochs);
+        stats.seconds = t0.elapsed().as_secs_f64();
+        if dropout {
+            policy.set_dropout_seed(None);
+        }
+        Ok(stats)
+    }
+
+    /// Scale `grads` (of global norm `norm`) down to the clip norm.
+    fn clip(
+        &self,
+        grads: Vec<Option<Tensor>>,
+        norm: f64,
+    ) -> Result<Vec<Option<Tensor>>, candle_core::Error> {
+        if self.cfg.grad_clip > 0.0 && norm > self.cfg.grad_clip {
+            let s = self.cfg.grad_clip / (norm + 1e-6);
+            grads
+                .into_iter()
+                .map(|g| g.map(|g| g * s).transpose())
+                .collect()
+        } else {
+            Ok(grads)
+        }
+    }
+
+    /// Forward/backward over micro-batches of one minibatch; returns the
+    /// summed gradients aligned with the optimiser's variables.
+    fn accumulate(
+        &self,
+        policy: &Policy,
+        mb: &[&Sample],
+        sums: &mut Sums,
+    ) -> Result<Vec<Option<Tensor>>, TrainError> {
+        let c = &self.cfg;
+        let norms = Norms::of(mb, c.aux_nll_coef);
+        // Sort by length so micro-batches pad little; stable for determinism.
+        let mut idx: Vec<usize> = (0..mb.len())
+            .filter(|&i| !mb[i].aux || norms.use_aux)
+            .collect();
+        idx.sort_by_key(|&i| mb[i].seq.len());
+        let vars = self.opt.vars();
+        let mut acc: Vec<Option<Tensor>> = vec![None; vars.len()];
+        let dev = policy.device().clone();
+        for chunk in idx.chunks(c.micro_batch) {
+            let batch = ScoreBatch {
+                seqs: chunk.iter().map(|&i| mb[i].seq.clone()).collect(),
+                targets: chunk.iter().map(|&i| mb[i].targets.clone()).collect(),
+                temperature: self.temperature,
+            };
+            sums.train_tokens += batch.seqs.iter().map(Vec::len).sum::<usize>();
+            let out = policy.score(&batch)?;
+            // Host copy of the log-probs: forced tokens' ratio base, and
+            // the aux NLL metric below.
+            let lp = out.logp.detach().to_vec1::<f32>()?;
+            let consts = TokenConsts::of(
+                chunk,
+                mb,
+                &lp,
+                &norms,
+                c.aggregation == Aggregation::TokenMean,
+            );
+            let terms = self.micro_loss(&batch, &out, &consts, norms.use_aux, &dev)?;
+            let grads = terms.loss.backward()?;
+            for (k, (_, v)) in vars.iter().enumerate() {
+                if let Some(g) = grads.get(v.as_tensor()) {
+                    acc[k] = Some(match acc[k].take() {
+                        Some(a) => (a + g)?,
+                        None => g.clone(),
+                    });
+                }
+            }
+            // Metrics on the host side.
+            let ent = out.entropy.detach().to_vec1::<f32>()?;
+            let rt = terms.ratio.detach().to_vec1::<f32>()?;
+            let tokens = MicroTokens {
+                logp: &lp,
+                entropy: &ent,
+                ratio: &rt,
+                kl: terms.kl.as_deref(),
+                adv: &consts.adv,
+                off: &consts.off,
+            };
+            sums.add_micro(&terms.pg_loss, chunk, mb, &tokens, c.clip_low, c.clip_high)?;
+        }
+        Ok(acc)
+    }
+
+    /// The loss of one scored micro-batch: the policy loss (PPO, LUFFY's
+    /// shaped loss on off-policy tokens), the aux NLL, the k3 KL to the
+    /// reference and the entropy bonus, each weighted per token.
+    fn micro_loss(
+        &self,
+        batch: &ScoreBatch,
+        out: &ScoreOutput,
+        k: &TokenConsts,
+        use_aux: bool,
+        dev: &Device,
+    ) -> Result<MicroLoss, TrainError> {
+        let c = &self.cfg;
+        let n = k.w_pg.len();
+        let any_off = k.off.iter().any(|&x| x > 0.0);
+        let t = |v: &[f32]| Tensor::from_slice(v, n, dev);
+        let (w_pg_t, w_aux_t, adv_t, old_t) = (t(&k.w_pg)?, t(&k.w_aux)?, t(&k.adv)?, t(&k.old)?);
+        let logp = &out.logp;
+        let (mut pg, ratio) =
+            ppo_token_loss(logp, &old_t, &adv_t, c.clip_low, c.clip_high, c.dual_clip)?;
+        if any_off {
+            let m = t(&k.off)?;
+            let shaped = luffy_token_loss(logp, &adv_t, c.luffy_gamma)?;
+            pg = ((&pg * (1.0 - &m)?)? + (shaped * &m)?)?;
+        }
+        let pg_loss = (&pg * &w_pg_t)?.sum_all()?;
+        let mut loss = pg_loss.clone();
+        if use_aux {
+            let aux = (logp.neg()? * &w_aux_t)?.sum_all()?;
+            loss = (loss + (aux * c.aux_nll_coef)?)?;
+        }
+        let mut kl_vals = None;
+        if let Some(r) = &self.reference {
+            let ref_logp = r.score(batch)?.logp.detach();
+            let d = (&ref_logp - logp)?;
+            let kl = ((d.exp()? - &d)? - 1.0)?;
+            loss = (loss + ((&kl * &w_pg_t)?.sum_all()? * c.kl_coef)?)?;
+            kl_vals = Some(kl.detach().to_vec1::<f32>()?);
+        }
+        if c.entropy_coef > 0.0 {
+            loss = (loss - ((&out.entropy * &w_pg_t)?.sum_all()? * c.entropy_coef)?)?;
+        }
+        Ok(MicroLoss {
+            loss,
+            pg_loss,
+            ratio,
+            kl: kl_vals,
+        })
+    }
+}
+
+/// Token-weight normalisers of one minibatch, so that its loss is the
+/// chosen aggregate.
+struct Norms {
+    /// Weighted policy tokens (token mean).
+    policy_tokens: f64,
+    /// Weighted policy tokens per episode (seq-mean-token-mean).
+    ep_tokens: BTreeMap<usize, f64>,
+    n_eps: usize,
+    /// Σ aux_weight × tokens over the aux samples.
+    aux_weight_total: f64,
+    /// The aux NLL is on and has tokens.
+    use_aux: bool,
+}
+
+impl Norms {
+    fn of(mb: &[&Sample], aux_nll_coef: f64) -> Self {
+        let policy_tokens: f64 = mb
+            .iter()
+            .filter(|s| !s.aux)
+            .map(|s| s.weight as f64 * s.targets.len() as f64)
+            .sum();
+        let mut ep_tokens = BTreeMap::<usize, f64>::new();
+        for s in mb.iter().filter(|s| !s.aux) {
+            *ep_tokens.entry(s.episode).or_default() += s.weight as f64 * s.targets.len() as f64;
+        }
+        let n_eps = ep_tokens.len().max(1);
+        let aux_weight_total: f64 = mb
+            .iter()
+            .filter(|s| s.aux)
+            .map(|s| s.aux_weight as f64 * s.targets.len() as f64)
+            .sum();
+        Norms {
+            policy_tokens,
+            ep_tokens,
+            n_eps,
+            aux_weight_total,
+            use_aux: aux_nll_coef > 0.0 && aux_weight_total > 0.0,
+        }
+    }
+}
+
+/// Per-token constants of one micro-batch, in the order of its target
+/// tokens.
+struct TokenConsts {
+    /// Policy-loss weight (0 for aux tokens).
+    w_pg: Vec<f32>,
+    /// Aux NLL weight (0 for policy tokens).
+    w_aux: Vec<f32>,
+    adv: Vec<f32>,
+    /// The ratio's base log-prob.
+    old: Vec<f32>,
+    /// 1 for off-policy (LUFFY) tokens.
+    off: Vec<f32>,
+}
+
+impl TokenConsts {
+    /// The constants of the samples `chunk` of `mb`, whose current
+    /// log-probs are `lp`; `token_mean` picks the aggregation.
+    fn of(chunk: &[usize], mb: &[&Sample], lp: &[f32], norms: &Norms, token_mean: bool) -> Self {
+        let mut k = TokenConsts {
+            w_pg: Vec::new(),
+            w_aux: Vec::new(),
+            adv: Vec::new(),
+            old: Vec::new(),
+            off: Vec::new(),
+        };
+        let mut k_all = 0usize;
+        for &i in chunk {
+            let s = mb[i];
+            for j in 0..s.targets.len() {
+                if s.aux {
+                    k.w_pg.push(0.0f32);
+                    k.w_aux
+                        .push((s.aux_weight as f64 / norms.aux_weight_total) as f32);
+                    k.adv.push(0.0);
+                    k.old.push(0.0);
+                    k.off.push(0.0);
+                } else {
+                    let w = if token_mean {
+                        1.0 / norms.policy_tokens.max(1e-9)
+                    } else {
+                        1.0 / (norms.ep_tokens[&s.episode].max(1e-9) * norms.n_eps as f64)
+                    };
+                    k.w_pg.push((w * s.weight as f64) as f32);
+                    k.w_aux.push(0.0);
+                    k.adv.push(s.advantage);
+                    // Forced tokens have no behaviour log-prob: their
+                    // ratio is taken against the current policy.
+                    k.old.push(if s.forced {
+                        lp[k_all]
+                    } else {
+                        s.old_logp.get(j).copied().unwrap_or(0.0)
+                    });
+                    k.off.push(if s.off_policy { 1.0 } else { 0.0 });
+                }
+                k_all += 1;
+            }
+        }
+        k
+    }
+}
+
+/// The loss of one micro-batch and what its metrics need.
+struct MicroLoss {
+    /// Everything, to backpropagate.
+    loss: Tensor,
+    /// The weighted policy loss alone.
+    pg_loss: Tensor,
+    /// π_θ / π_old per token.
+    ratio: Tensor,
+    /// k3 KL per token, when there is a reference.
+    kl: Option<Vec<f32>>,
+}
+
+/// Global L2 norm over all gradients.
+pub fn global_norm(grads: &[Option<Tensor>]) -> Result<f64, candle_core::Error> {
+    let mut total = 0f64;
+    for g in grads.iter().flatten() {
+        total += g
+            .sqr()?
+            .sum_all()?
+            .to_dtype(DType::F64)?
+            .to_scalar::<f64>()?;
+    }
+    Ok(total.sqrt())
+}
