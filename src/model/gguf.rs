@@ -4,7 +4,7 @@
 //! This module owns the GGUF side of the mapping: which metadata keys give
 //! which [`ModelConfig`] / [`Arch`] field ([`gguf_config`]), the tensor
 //! names (`blk.N.attn_q.weight` ↔ `model.layers.N.self_attn.q_proj.weight`,
-//! ...), dequantisation of every ggml type candle knows (F32, F16, BF16,
+//! ..., from the table in [`crate::model::names`]), dequantisation of every ggml type candle knows (F32, F16, BF16,
 //! Q4_0/Q4_1/Q5_0/Q5_1/Q8_0, K-quants) to f32, and llama.cpp's row
 //! permutation of the Q/K projections. [`Policy`] still owns which tensors
 //! an architecture needs and their shapes; the tokenizer stored in the same
@@ -38,6 +38,7 @@ use super::config::{Arch, Family, ModelConfig, RopeScaling};
 use super::error::{ModelError, Result};
 use super::gguf_tokenizer::GgufVocab;
 use super::llama::Policy;
+use super::names::LayerTensor;
 
 /// The header of a GGUF file (metadata and tensor table; tensor data is
 /// read lazily from `path`).
@@ -326,55 +327,7 @@ fn type_name(v: &Value) -> String {
 
 // --- names -------------------------------------------------------------------
 
-/// GGUF per-block suffix ↔ HF per-layer suffix.
-const BLOCK_NAMES: [(&str, &str); 15] = [
-    ("attn_q.weight", "self_attn.q_proj.weight"),
-    ("attn_k.weight", "self_attn.k_proj.weight"),
-    ("attn_v.weight", "self_attn.v_proj.weight"),
-    ("attn_output.weight", "self_attn.o_proj.weight"),
-    ("attn_q.bias", "self_attn.q_proj.bias"),
-    ("attn_k.bias", "self_attn.k_proj.bias"),
-    ("attn_v.bias", "self_attn.v_proj.bias"),
-    ("attn_output.bias", "self_attn.o_proj.bias"),
-    ("attn_q_norm.weight", "self_attn.q_norm.weight"),
-    ("attn_k_norm.weight", "self_attn.k_norm.weight"),
-    ("ffn_gate.weight", "mlp.gate_proj.weight"),
-    ("ffn_up.weight", "mlp.up_proj.weight"),
-    ("ffn_down.weight", "mlp.down_proj.weight"),
-    ("attn_norm.weight", "input_layernorm.weight"),
-    ("ffn_norm.weight", "post_attention_layernorm.weight"),
-];
-
-/// GGUF top-level name ↔ HF name.
-const TOP_NAMES: [(&str, &str); 3] = [
-    ("token_embd.weight", "model.embed_tokens.weight"),
-    ("output_norm.weight", "model.norm.weight"),
-    ("output.weight", "lm_head.weight"),
-];
-
-/// The HF name of a GGUF tensor, if it is one [`Policy`] knows.
-pub fn gguf_to_hf_name(name: &str) -> Option<String> {
-    if let Some((_, hf)) = TOP_NAMES.iter().find(|(g, _)| *g == name) {
-        return Some(hf.to_string());
-    }
-    let rest = name.strip_prefix("blk.")?;
-    let (layer, suffix) = rest.split_once('.')?;
-    let layer: usize = layer.parse().ok()?;
-    let (_, hf) = BLOCK_NAMES.iter().find(|(g, _)| *g == suffix)?;
-    Some(format!("model.layers.{layer}.{hf}"))
-}
-
-/// The GGUF name of a HF tensor name, if it has one.
-pub fn hf_to_gguf_name(name: &str) -> Option<String> {
-    if let Some((g, _)) = TOP_NAMES.iter().find(|(_, h)| *h == name) {
-        return Some(g.to_string());
-    }
-    let rest = name.strip_prefix("model.layers.")?;
-    let (layer, suffix) = rest.split_once('.')?;
-    let layer: usize = layer.parse().ok()?;
-    let (g, _) = BLOCK_NAMES.iter().find(|(_, h)| *h == suffix)?;
-    Some(format!("blk.{layer}.{g}"))
-}
+pub use super::names::{gguf_to_hf_name, hf_to_gguf_name};
 
 // --- config ------------------------------------------------------------------
 
@@ -569,11 +522,10 @@ fn permuted_heads(cfg: &ModelConfig, arch: &Arch, hf_name: &str) -> Option<usize
     if arch.family != Family::Llama {
         return None;
     }
-    if hf_name.ends_with("self_attn.q_proj.weight") || hf_name.ends_with("self_attn.q_proj.bias") {
+    let is = |t: LayerTensor| hf_name.ends_with(t.hf());
+    if is(LayerTensor::Q) || is(LayerTensor::QBias) {
         Some(cfg.num_attention_heads)
-    } else if hf_name.ends_with("self_attn.k_proj.weight")
-        || hf_name.ends_with("self_attn.k_proj.bias")
-    {
+    } else if is(LayerTensor::K) || is(LayerTensor::KBias) {
         Some(cfg.num_key_value_heads)
     } else {
         None
