@@ -38,7 +38,7 @@ use super::config::{Arch, Family, ModelConfig, RopeScaling};
 use super::error::{ModelError, Result};
 use super::gguf_tokenizer::GgufVocab;
 use super::llama::Policy;
-use super::names::LayerTensor;
+use super::names::{LayerTensor, GGUF_BLOCKS, GGUF_EMBED, GGUF_LM_HEAD};
 
 /// The header of a GGUF file (metadata and tensor table; tensor data is
 /// read lazily from `path`).
@@ -391,6 +391,67 @@ fn config_of(g: &GgufFile) -> Result<(ModelConfig, Arch)> {
     if num_attention_heads == 0 {
         return Err(m.bad(&k("attention.head_count"), "must be > 0"));
     }
+    let head_dim = head_dim_of(&m, &k, hidden_size, num_attention_heads)?;
+
+    let rope_scaling = rope_scaling_of(&m, &k)?;
+    if g.tensor_info("rope_freqs.weight").is_some() {
+        return Err(ModelError::TensorData {
+            file: file.clone(),
+            name: "rope_freqs.weight".into(),
+            msg: "per-frequency rope factors (Llama 3.1+ rope scaling) are not supported".into(),
+        });
+    }
+
+    let vocab_size = vocab_size_of(g, &m, &k)?;
+    let id = |key: &str| -> Result<Option<u32>> {
+        Ok(m.opt_u64(key)?
+            .filter(|&v| (v as usize) < vocab_size)
+            .map(|v| v as u32))
+    };
+    let cfg = ModelConfig {
+        architectures: vec![family.class_name().to_string()],
+        model_type: family.model_type().to_string(),
+        vocab_size,
+        hidden_size,
+        intermediate_size,
+        num_hidden_layers,
+        num_attention_heads,
+        num_key_value_heads,
+        head_dim,
+        rope_theta,
+        rms_norm_eps,
+        max_position_embeddings,
+        tie_word_embeddings: g.tensor_info(GGUF_LM_HEAD).is_none(),
+        bos_token_id: id("tokenizer.ggml.bos_token_id")?,
+        eos_token_id: id("tokenizer.ggml.eos_token_id")?,
+        pad_token_id: id("tokenizer.ggml.padding_token_id")?,
+        initializer_range: 0.02,
+    };
+    let arch = Arch {
+        family,
+        attention_bias: family != Family::Qwen2
+            && g.tensor_info(&LayerTensor::QBias.gguf_name(0)).is_some(),
+        rope_scaling,
+    };
+    cfg.validate()
+        .and_then(|()| arch.validate())
+        .map_err(|e| ModelError::Checkpoint {
+            path: g.path.clone(),
+            msg: format!("GGUF metadata gives an invalid config: {e}"),
+        })?;
+    Ok((cfg, arch))
+}
+
+/// `head_dim` of a GGUF config: `A.attention.key_length`, else
+/// `embedding_length / head_count`; `None` when it is that default (so the
+/// config equals the HF one it came from). Refuses value/key lengths that
+/// differ and partial rotary.
+fn head_dim_of(
+    m: &Meta<'_>,
+    k: &dyn Fn(&str) -> String,
+    hidden_size: usize,
+    num_attention_heads: usize,
+) -> Result<Option<usize>> {
     let default_hd = hidden_size / num_attention_heads;
     let key_length = m.opt_usize(&k("attention.key_length"))?;
     let head_dim_v = key_length.unwrap_or(default_hd);
@@ -414,10 +475,12 @@ fn config_of(g: &GgufFile) -> Result<(ModelConfig, Arch)> {
     }
     // Keep `head_dim` absent when it is the default, so the config equals
     // the HF one it came from.
-    let head_dim =
-        (head_dim_v != default_hd || hidden_size % num_attention_heads != 0).then_some(head_dim_v);
+    Ok((head_dim_v != default_hd || hidden_size % num_attention_heads != 0).then_some(head_dim_v))
+}
 
-    let rope_scaling = match m.opt_str(&k("rope.scaling.type"))? {
+/// `rope_scaling` of a GGUF config (`A.rope.scaling.*`): none or linear.
+fn rope_scaling_of(m: &Meta<'_>, k: &dyn Fn(&str) -> String) -> Result<Option<RopeScaling>> {
+    Ok(match m.opt_str(&k("rope.scaling.type"))? {
         None | Some("none") => None,
         Some("linear") => {
             let key = k("rope.scaling.factor");
@@ -431,65 +494,26 @@ fn config_of(g: &GgufFile) -> Result<(ModelConfig, Arch)> {
                 format!("rope scaling `{other}` is not supported (supported: none, linear)"),
             ))
         }
-    };
-    if g.tensor_info("rope_freqs.weight").is_some() {
-        return Err(ModelError::TensorData {
-            file: file.clone(),
-            name: "rope_freqs.weight".into(),
-            msg: "per-frequency rope factors (Llama 3.1+ rope scaling) are not supported".into(),
-        });
-    }
+    })
+}
 
+/// Vocabulary size of a GGUF model: `A.vocab_size`, else the length of
+/// `tokenizer.ggml.tokens`, else the rows of `token_embd.weight`.
+fn vocab_size_of(g: &GgufFile, m: &Meta<'_>, k: &dyn Fn(&str) -> String) -> Result<usize> {
     let n_tokens = match m.get("tokenizer.ggml.tokens") {
         Some(Value::Array(a)) => Some(a.len()),
         _ => None,
     };
-    let vocab_size = match m.opt_usize(&k("vocab_size"))? {
+    Ok(match m.opt_usize(&k("vocab_size"))? {
         Some(v) => v,
         None => match n_tokens {
             Some(n) => n,
             None => g
-                .tensor_info("token_embd.weight")
+                .tensor_info(GGUF_EMBED)
                 .map(|(_, s)| s[0])
                 .ok_or_else(|| m.missing(&k("vocab_size")))?,
         },
-    };
-    let id = |key: &str| -> Result<Option<u32>> {
-        Ok(m.opt_u64(key)?
-            .filter(|&v| (v as usize) < vocab_size)
-            .map(|v| v as u32))
-    };
-    let cfg = ModelConfig {
-        architectures: vec![family.class_name().to_string()],
-        model_type: family.model_type().to_string(),
-        vocab_size,
-        hidden_size,
-        intermediate_size,
-        num_hidden_layers,
-        num_attention_heads,
-        num_key_value_heads,
-        head_dim,
-        rope_theta,
-        rms_norm_eps,
-        max_position_embeddings,
-        tie_word_embeddings: g.tensor_info("output.weight").is_none(),
-        bos_token_id: id("tokenizer.ggml.bos_token_id")?,
-        eos_token_id: id("tokenizer.ggml.eos_token_id")?,
-        pad_token_id: id("tokenizer.ggml.padding_token_id")?,
-        initializer_range: 0.02,
-    };
-    let arch = Arch {
-        family,
-        attention_bias: family != Family::Qwen2 && g.tensor_info("blk.0.attn_q.bias").is_some(),
-        rope_scaling,
-    };
-    cfg.validate()
-        .and_then(|()| arch.validate())
-        .map_err(|e| ModelError::Checkpoint {
-            path: g.path.clone(),
-            msg: format!("GGUF metadata gives an invalid config: {e}"),
-        })?;
-    Ok((cfg, arch))
+    })
 }
 
 // --- Q/K permutation ------------------------------------------------------------
@@ -617,88 +641,32 @@ impl Policy {
         dtype: GgmlDType,
         vocab: Option<&GgufVocab>,
     ) -> Result<()> {
-        let cfg = self.config();
-        let arch = self.arch();
-        let a = arch.family.model_type();
-        let k = |s: &str| format!("{a}.{s}");
-        let u32v = |x: usize| -> Result<Value> {
-            u32::try_from(x).map(Value::U32).map_err(|_| {
-                ModelError::InvalidArgument(format!("write_gguf: {x} does not fit in u32"))
-            })
-        };
-        let hd = cfg.head_dim();
-        let mut md: Vec<(String, Value)> = vec![
-            ("general.architecture".into(), Value::String(a.into())),
-            (
-                "general.name".into(),
-                Value::String("actguide policy".into()),
-            ),
-            (k("vocab_size"), u32v(cfg.vocab_size)?),
-            (k("context_length"), u32v(cfg.max_position_embeddings)?),
-            (k("embedding_length"), u32v(cfg.hidden_size)?),
-            (k("block_count"), u32v(cfg.num_hidden_layers)?),
-            (k("feed_forward_length"), u32v(cfg.intermediate_size)?),
-            (k("attention.head_count"), u32v(cfg.num_attention_heads)?),
-            (k("attention.head_count_kv"), u32v(cfg.num_key_value_heads)?),
-            (k("attention.key_length"), u32v(hd)?),
-            (k("attention.value_length"), u32v(hd)?),
-            (k("rope.dimension_count"), u32v(hd)?),
-            (k("rope.freq_base"), Value::F32(cfg.rope_theta as f32)),
-            (
-                k("attention.layer_norm_rms_epsilon"),
-                Value::F32(cfg.rms_norm_eps as f32),
-            ),
-        ];
-        match &arch.rope_scaling {
-            None => {}
-            Some(RopeScaling::Linear { factor }) => {
-                md.push((k("rope.scaling.type"), Value::String("linear".into())));
-                md.push((k("rope.scaling.factor"), Value::F32(*factor as f32)));
-            }
-            Some(rs) => {
-                return Err(ModelError::InvalidArgument(format!(
-                    "write_gguf: rope_scaling {} has no GGUF metadata form",
-                    rs.to_json()
-                )))
-            }
-        }
-        let mut ids: Vec<(&str, Option<u32>)> = vec![
-            ("tokenizer.ggml.bos_token_id", cfg.bos_token_id),
-            ("tokenizer.ggml.eos_token_id", cfg.eos_token_id),
-            ("tokenizer.ggml.padding_token_id", cfg.pad_token_id),
-        ];
-        if let Some(v) = vocab {
-            if v.tokens.len() > cfg.vocab_size {
-                return Err(ModelError::InvalidArgument(format!(
-                    "write_gguf: vocabulary has {} tokens, the model only {}",
-                    v.tokens.len(),
-                    cfg.vocab_size
-                )));
-            }
-            for (key, own) in [
-                ("tokenizer.ggml.bos_token_id", v.bos_token_id),
-                ("tokenizer.ggml.eos_token_id", v.eos_token_id),
-                ("tokenizer.ggml.padding_token_id", v.padding_token_id),
-            ] {
-                let slot = ids.iter_mut().find(|(k2, _)| *k2 == key).expect("listed");
-                match (slot.1, own) {
-                    (Some(c), Some(o)) if c != o => {
-                        return Err(ModelError::InvalidArgument(format!(
-                            "write_gguf: {key}: config says {c}, vocabulary {o}"
-                        )))
-                    }
-                    (None, Some(o)) => slot.1 = Some(o),
-                    _ => {}
-                }
-            }
-            md.extend(v.to_metadata());
-        }
-        for (key, id) in ids {
-            if let Some(id) = id {
-                md.push((key.to_string(), Value::U32(id)));
-            }
-        }
+        let mut md = model_metadata(self.config(), self.arch())?;
+        md.extend(token_metadata(self.config(), vocab)?);
+        let qtensors = self.gguf_tensors(path, dtype)?;
 
+        let io = |source: std::io::Error| ModelError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let f = File::create(path).map_err(io)?;
+        let mut w = BufWriter::new(f);
+        let md_refs: Vec<(&str, &Value)> = md.iter().map(|(k, v)| (k.as_str(), v)).collect();
+        let t_refs: Vec<(&str, &QTensor)> = qtensors.iter().map(|(n, q)| (n.as_str(), q)).collect();
+        gguf_file::write(&mut w, &md_refs, &t_refs).map_err(|e| ModelError::Checkpoint {
+            path: path.to_path_buf(),
+            msg: format!("cannot write GGUF: {e}"),
+        })?;
+        use std::io::Write;
+        w.flush().map_err(io)
+    }
+
+    /// Every weight under its GGUF name, Q/K rows permuted for llama,
+    /// stored as `dtype` where the row length allows (see
+    /// [`Policy::write_gguf`]), in llama.cpp's order: embeddings, blocks in
+    /// order, head. `path` only names the file in errors.
+    fn gguf_tensors(&self, path: &Path, dtype: GgmlDType) -> Result<Vec<(String, QTensor)>> {
+        let (cfg, arch) = (self.config(), self.arch());
         let mut qtensors: Vec<(String, QTensor)> = Vec::new();
         for (name, t) in self.named_tensors() {
             let gname = hf_to_gguf_name(&name).ok_or_else(|| {
@@ -723,9 +691,12 @@ impl Policy {
         }
         // llama.cpp's order: embeddings, blocks in order, head.
         let rank = |n: &str| -> (usize, usize, String) {
-            if n == "token_embd.weight" {
+            if n == GGUF_EMBED {
                 (0, 0, n.into())
-            } else if let Some(rest) = n.strip_prefix("blk.") {
+            } else if let Some(rest) = n
+                .strip_prefix(GGUF_BLOCKS)
+                .and_then(|r| r.strip_prefix('.'))
+            {
                 let (l, s) = rest.split_once('.').unwrap_or((rest, ""));
                 (1, l.parse().unwrap_or(0), s.into())
             } else {
@@ -733,22 +704,101 @@ impl Policy {
             }
         };
         qtensors.sort_by_key(|(n, _)| rank(n));
-
-        let io = |source: std::io::Error| ModelError::Io {
-            path: path.to_path_buf(),
-            source,
-        };
-        let f = File::create(path).map_err(io)?;
-        let mut w = BufWriter::new(f);
-        let md_refs: Vec<(&str, &Value)> = md.iter().map(|(k, v)| (k.as_str(), v)).collect();
-        let t_refs: Vec<(&str, &QTensor)> = qtensors.iter().map(|(n, q)| (n.as_str(), q)).collect();
-        gguf_file::write(&mut w, &md_refs, &t_refs).map_err(|e| ModelError::Checkpoint {
-            path: path.to_path_buf(),
-            msg: format!("cannot write GGUF: {e}"),
-        })?;
-        use std::io::Write;
-        w.flush().map_err(io)
+        Ok(qtensors)
     }
+}
+
+/// The GGUF metadata of the model's dimensions and rope (llama.cpp's
+/// keys under the family's `general.architecture`).
+fn model_metadata(cfg: &ModelConfig, arch: &Arch) -> Result<Vec<(String, Value)>> {
+    let a = arch.family.model_type();
+    let k = |s: &str| format!("{a}.{s}");
+    let u32v = |x: usize| -> Result<Value> {
+        u32::try_from(x).map(Value::U32).map_err(|_| {
+            ModelError::InvalidArgument(format!("write_gguf: {x} does not fit in u32"))
+        })
+    };
+    let hd = cfg.head_dim();
+    let mut md: Vec<(String, Value)> = vec![
+        ("general.architecture".into(), Value::String(a.into())),
+        (
+            "general.name".into(),
+            Value::String("actguide policy".into()),
+        ),
+        (k("vocab_size"), u32v(cfg.vocab_size)?),
+        (k("context_length"), u32v(cfg.max_position_embeddings)?),
+        (k("embedding_length"), u32v(cfg.hidden_size)?),
+        (k("block_count"), u32v(cfg.num_hidden_layers)?),
+        (k("feed_forward_length"), u32v(cfg.intermediate_size)?),
+        (k("attention.head_count"), u32v(cfg.num_attention_heads)?),
+        (k("attention.head_count_kv"), u32v(cfg.num_key_value_heads)?),
+        (k("attention.key_length"), u32v(hd)?),
+        (k("attention.value_length"), u32v(hd)?),
+        (k("rope.dimension_count"), u32v(hd)?),
+        (k("rope.freq_base"), Value::F32(cfg.rope_theta as f32)),
+        (
+            k("attention.layer_norm_rms_epsilon"),
+            Value::F32(cfg.rms_norm_eps as f32),
+        ),
+    ];
+    match &arch.rope_scaling {
+        None => {}
+        Some(RopeScaling::Linear { factor }) => {
+            md.push((k("rope.scaling.type"), Value::String("linear".into())));
+            md.push((k("rope.scaling.factor"), Value::F32(*factor as f32)));
+        }
+        Some(rs) => {
+            return Err(ModelError::InvalidArgument(format!(
+                "write_gguf: rope_scaling {} has no GGUF metadata form",
+                rs.to_json()
+            )))
+        }
+    }
+    Ok(md)
+}
+
+/// The vocabulary's `tokenizer.ggml.*` keys (with `vocab`) followed by
+/// the bos/eos/pad ids: the config's, else the vocabulary's; the two must
+/// agree where both are set.
+fn token_metadata(cfg: &ModelConfig, vocab: Option<&GgufVocab>) -> Result<Vec<(String, Value)>> {
+    let mut md = Vec::new();
+    let mut ids: Vec<(&str, Option<u32>)> = vec![
+        ("tokenizer.ggml.bos_token_id", cfg.bos_token_id),
+        ("tokenizer.ggml.eos_token_id", cfg.eos_token_id),
+        ("tokenizer.ggml.padding_token_id", cfg.pad_token_id),
+    ];
+    if let Some(v) = vocab {
+        if v.tokens.len() > cfg.vocab_size {
+            return Err(ModelError::InvalidArgument(format!(
+                "write_gguf: vocabulary has {} tokens, the model only {}",
+                v.tokens.len(),
+                cfg.vocab_size
+            )));
+        }
+        for (key, own) in [
+            ("tokenizer.ggml.bos_token_id", v.bos_token_id),
+            ("tokenizer.ggml.eos_token_id", v.eos_token_id),
+            ("tokenizer.ggml.padding_token_id", v.padding_token_id),
+        ] {
+            let slot = ids.iter_mut().find(|(k2, _)| *k2 == key).expect("listed");
+            match (slot.1, own) {
+                (Some(c), Some(o)) if c != o => {
+                    return Err(ModelError::InvalidArgument(format!(
+                        "write_gguf: {key}: config says {c}, vocabulary {o}"
+                    )))
+                }
+                (None, Some(o)) => slot.1 = Some(o),
+                _ => {}
+            }
+        }
+        md.extend(v.to_metadata());
+    }
+    for (key, id) in ids {
+        if let Some(id) = id {
+            md.push((key.to_string(), Value::U32(id)));
+        }
+    }
+    Ok(md)
 }
 
 #[cfg(test)]

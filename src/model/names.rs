@@ -14,12 +14,20 @@ pub const NORM: &str = "model.norm.weight";
 /// HF name of the untied LM head.
 pub const LM_HEAD: &str = "lm_head.weight";
 
+/// GGUF name of the token embedding.
+pub const GGUF_EMBED: &str = "token_embd.weight";
+/// GGUF name of the untied LM head.
+pub const GGUF_LM_HEAD: &str = "output.weight";
+
 /// Top-level tensors: (HF name, GGUF name).
 pub const TOP: [(&str, &str); 3] = [
-    (EMBED, "token_embd.weight"),
+    (EMBED, GGUF_EMBED),
     (NORM, "output_norm.weight"),
-    (LM_HEAD, "output.weight"),
+    (LM_HEAD, GGUF_LM_HEAD),
 ];
+
+/// GGUF prefix of the blocks' tensors (`blk.<i>.…`).
+pub const GGUF_BLOCKS: &str = "blk";
 
 /// HF prefix of the decoder layers' tensors (`model.layers.<i>.…`).
 const LAYERS: &str = "model.layers";
@@ -105,6 +113,11 @@ impl LayerTensor {
     pub fn name(self, layer: usize) -> String {
         format!("{}.{}", layer_prefix(layer), self.hf())
     }
+
+    /// Full GGUF name in block `layer`.
+    pub fn gguf_name(self, layer: usize) -> String {
+        format!("{GGUF_BLOCKS}.{layer}.{}", self.gguf())
+    }
 }
 
 /// The HF name of a GGUF tensor, if it is one [`crate::model::Policy`]
@@ -113,7 +126,7 @@ pub fn gguf_to_hf_name(name: &str) -> Option<String> {
     if let Some((hf, _)) = TOP.iter().find(|(_, g)| *g == name) {
         return Some(hf.to_string());
     }
-    let rest = name.strip_prefix("blk.")?;
+    let rest = name.strip_prefix(GGUF_BLOCKS)?.strip_prefix('.')?;
     let (layer, suffix) = rest.split_once('.')?;
     let layer: usize = layer.parse().ok()?;
     let t = LayerTensor::ALL.into_iter().find(|t| t.gguf() == suffix)?;
@@ -129,5 +142,5 @@ pub fn hf_to_gguf_name(name: &str) -> Option<String> {
     let (layer, suffix) = rest.split_once('.')?;
     let layer: usize = layer.parse().ok()?;
     let t = LayerTensor::ALL.into_iter().find(|t| t.hf() == suffix)?;
-    Some(format!("blk.{layer}.{}", t.gguf()))
+    Some(t.gguf_name(layer))
 }
