@@ -475,7 +475,10 @@ fn head_dim_of(
     }
     // Keep `head_dim` absent when it is the default, so the config equals
     // the HF one it came from.
-    Ok((head_dim_v != default_hd || hidden_size % num_attention_heads != 0).then_some(head_dim_v))
+    Ok(
+        (head_dim_v != default_hd || !hidden_size.is_multiple_of(num_attention_heads))
+            .then_some(head_dim_v),
+    )
 }
 
 /// `rope_scaling` of a GGUF config (`A.rope.scaling.*`): none or linear.
