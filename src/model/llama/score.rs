@@ -51,6 +51,33 @@ impl Policy {
     /// predict a target are gathered before the final norm and LM head, so
     /// the `(N, vocab)` logits are the only vocabulary-sized activations.
     pub fn score(&self, batch: &ScoreBatch) -> Result<ScoreOutput> {
+        let rows = self.score_rows(batch)?;
+        let n_targets = batch.num_targets();
+        if n_targets == 0 {
+            let empty = Tensor::zeros(0, DType::F32, &self.device)?;
+            return Ok(ScoreOutput {
+                logp: empty.clone(),
+                entropy: empty,
+            });
+        }
+        let hidden = self.target_hidden(batch, &rows, n_targets)?;
+        let w = &self.w;
+        let tgt: Vec<u32> = batch
+            .seqs
+            .iter()
+            .zip(&batch.targets)
+            .flat_map(|(s, tg)| tg.iter().map(move |&p| s[p]))
+            .collect();
+        let logits = self.head(w, &hidden)?;
+        let both = ops::logp_entropy(&logits, &tgt, 1.0 / batch.temperature)?;
+        let logp = both.narrow(1, 0, 1)?.squeeze(1)?.contiguous()?;
+        let entropy = both.narrow(1, 1, 1)?.squeeze(1)?.contiguous()?;
+        Ok(ScoreOutput { logp, entropy })
+    }
+
+    /// Checks `batch`; returns the rows that have targets as (sequence,
+    /// length of the sequence they need: up to their last target).
+    fn score_rows(&self, batch: &ScoreBatch) -> Result<Vec<(usize, usize)>> {
         if batch.seqs.len() != batch.targets.len() {
             return Err(ModelError::InvalidArgument(format!(
                 "score: {} sequences but {} target lists",
@@ -64,7 +91,6 @@ impl Policy {
                 batch.temperature
             )));
         }
-        // Rows that have targets, and how much of each sequence they need.
         let mut rows: Vec<(usize, usize)> = Vec::new();
         for (i, (s, tg)) in batch.seqs.iter().zip(&batch.targets).enumerate() {
             for &p in tg {
@@ -85,18 +111,22 @@ impl Policy {
                 rows.push((i, maxp));
             }
         }
-        let n_targets = batch.num_targets();
-        if n_targets == 0 {
-            let empty = Tensor::zeros(0, DType::F32, &self.device)?;
-            return Ok(ScoreOutput {
-                logp: empty.clone(),
-                entropy: empty,
-            });
-        }
+        Ok(rows)
+    }
+
+    /// Runs the trunk over `rows` (see [`Policy::score_rows`]) chunk by
+    /// chunk, longest first, and returns the pre-norm hidden rows that
+    /// predict the `n_targets` targets, in output order.
+    fn target_hidden(
+        &self,
+        batch: &ScoreBatch,
+        rows: &[(usize, usize)],
+        n_targets: usize,
+    ) -> Result<Tensor> {
         // Output offset of each row's first target.
         let mut first = Vec::with_capacity(rows.len());
         let mut acc = 0usize;
-        for &(i, _) in &rows {
+        for &(i, _) in rows {
             first.push(acc);
             acc += batch.targets[i].len();
         }
@@ -146,16 +176,6 @@ impl Policy {
         } else {
             hidden.index_select(&Tensor::from_vec(perm, n_targets, &self.device)?, 0)?
         };
-        let tgt: Vec<u32> = batch
-            .seqs
-            .iter()
-            .zip(&batch.targets)
-            .flat_map(|(s, tg)| tg.iter().map(move |&p| s[p]))
-            .collect();
-        let logits = self.head(w, &hidden)?;
-        let both = ops::logp_entropy(&logits, &tgt, 1.0 / batch.temperature)?;
-        let logp = both.narrow(1, 0, 1)?.squeeze(1)?.contiguous()?;
-        let entropy = both.narrow(1, 1, 1)?.squeeze(1)?.contiguous()?;
-        Ok(ScoreOutput { logp, entropy })
+        Ok(hidden)
     }
 }
