@@ -26,7 +26,7 @@
 //! no activation grows past a few MB (see `CHUNK_BUDGET` in the source).
 //!
 //! Files, one concept each:
-//! - `weights`: the parameter tensors ([`Weights`], [`LayerW`]), their HF
+//! - `weights`: the parameter tensors (`Weights`, `LayerW`), their HF
 //!   names and shapes (names from [`crate::model::names`]) and the
 //!   constructors that check a checkpoint against them;
 //! - `block`: the trunk shared by both paths (embedding, decoder block =
@@ -35,7 +35,7 @@
 //! - `cache`: the per-layer KV cache of a generation batch;
 //! - `generate`: batched, KV-cached generation ([`Policy::generate`]):
 //!   prefill, decode steps, cache compaction; token choice is
-//!   [`crate::model::sampler`]'s.
+//!   `crate::model::sampler`'s.
 //!
 //! LoRA adapters on the policy live in [`crate::model::lora`], HF
 //! safetensors I/O in [`crate::model::hf`], GGUF I/O in

@@ -39,7 +39,7 @@ pub(crate) struct LayerW {
     /// `cat([gate, up])`, precomputed for generation (detached weights);
     /// `None` on the training path, where it is rebuilt from the `Var`s.
     pub(crate) gu: Option<Tensor>,
-    /// LoRA adapters indexed by [`Proj::index`]; empty without LoRA.
+    /// LoRA adapters indexed by [`crate::model::lora::Proj::index`]; empty without LoRA.
     pub(crate) ad: Vec<Option<Adapter>>,
 }
 

@@ -10,7 +10,7 @@
 //!
 //! One file per kernel family: [`softmax`] (causal attention softmax),
 //! [`linear`] (frozen-weight matmul), [`norm`] (RMSNorm), [`rope`]
-//! (rotary embeddings + heads-first transpose), [`swiglu`], [`logp`]
+//! (rotary embeddings + heads-first transpose), [`mod@swiglu`], [`logp`]
 //! (target log-prob + entropy). This file holds what they share: the
 //! CPU-or-composite switch and the row-parallel loop.
 
