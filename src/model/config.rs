@@ -22,7 +22,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Deserializer, Serialize};
 
-use super::error::{ModelError, Result};
+use super::error::{ConfigJsonError, ModelError, Result, RopeScalingError};
 
 fn default_architectures() -> Vec<String> {
     vec!["LlamaForCausalLM".to_string()]
@@ -208,9 +208,9 @@ impl ModelConfig {
     /// `rope_scaling`, `hidden_act`) in HF form, so `transformers` builds
     /// the same model from it.
     pub fn save_with_arch(&self, arch: &Arch, path: &Path) -> Result<()> {
-        let text = self.to_hf_json(arch).map_err(|msg| ModelError::Config {
+        let text = self.to_hf_json(arch).map_err(|e| ModelError::Config {
             path: path.to_path_buf(),
-            msg,
+            msg: e.to_string(),
         })?;
         std::fs::write(path, text).map_err(|source| ModelError::Io {
             path: path.to_path_buf(),
@@ -219,12 +219,9 @@ impl ModelConfig {
     }
 
     /// The text [`ModelConfig::save_with_arch`] writes.
-    pub fn to_hf_json(&self, arch: &Arch) -> std::result::Result<String, String> {
-        let cfg_err = |msg: String| msg;
-        let mut v = serde_json::to_value(self).map_err(|e| cfg_err(e.to_string()))?;
-        let obj = v
-            .as_object_mut()
-            .ok_or_else(|| cfg_err("config did not serialise to an object".into()))?;
+    pub fn to_hf_json(&self, arch: &Arch) -> std::result::Result<String, ConfigJsonError> {
+        let mut v = serde_json::to_value(self)?;
+        let obj = v.as_object_mut().ok_or(ConfigJsonError::NotAnObject)?;
         obj.insert("hidden_act".into(), "silu".into());
         if arch.family != Family::Qwen2 {
             // Qwen2 has no such field: its q/k/v biases are unconditional.
@@ -237,7 +234,7 @@ impl ModelConfig {
                 .map_or(serde_json::Value::Null, RopeScaling::to_json),
         );
         obj.insert("torch_dtype".into(), "float32".into());
-        let text = serde_json::to_string_pretty(&v).map_err(|e| cfg_err(e.to_string()))?;
+        let text = serde_json::to_string_pretty(&v)?;
         Ok(text + "\n")
     }
 
@@ -437,21 +434,26 @@ pub enum RopeScaling {
 impl RopeScaling {
     /// Parses HF's `rope_scaling` value (type under `rope_type`, or the
     /// older `type`). Errors are messages; the caller adds the file.
-    pub fn from_json(v: Option<&serde_json::Value>) -> std::result::Result<Option<Self>, String> {
+    pub fn from_json(
+        v: Option<&serde_json::Value>,
+    ) -> std::result::Result<Option<Self>, RopeScalingError> {
         let obj = match v {
             None | Some(serde_json::Value::Null) => return Ok(None),
             Some(serde_json::Value::Object(o)) => o,
-            Some(other) => return Err(format!("expected an object or null, got {other}")),
+            Some(other) => return Err(RopeScalingError::NotAnObject(other.to_string())),
         };
         let ty = obj
             .get("rope_type")
             .or_else(|| obj.get("type"))
             .and_then(serde_json::Value::as_str)
-            .ok_or_else(|| "missing rope_type".to_string())?;
-        let num = |k: &str| -> std::result::Result<f64, String> {
+            .ok_or(RopeScalingError::MissingType)?;
+        let num = |k: &str| -> std::result::Result<f64, RopeScalingError> {
             obj.get(k)
                 .and_then(serde_json::Value::as_f64)
-                .ok_or_else(|| format!("{ty} scaling needs a number `{k}`"))
+                .ok_or_else(|| RopeScalingError::MissingNumber {
+                    kind: ty.to_string(),
+                    key: k.to_string(),
+                })
         };
         let scaling = match ty {
             "default" => return Ok(None),
@@ -465,16 +467,10 @@ impl RopeScaling {
                 original_max_position_embeddings: obj
                     .get("original_max_position_embeddings")
                     .and_then(serde_json::Value::as_u64)
-                    .ok_or_else(|| {
-                        "llama3 scaling needs an integer `original_max_position_embeddings`"
-                            .to_string()
-                    })? as usize,
+                    .ok_or(RopeScalingError::MissingOriginalMax)?
+                    as usize,
             },
-            other => {
-                return Err(format!(
-                    "rope_type `{other}` is not supported (supported: default, linear, llama3)"
-                ))
-            }
+            other => return Err(RopeScalingError::UnsupportedType(other.to_string())),
         };
         scaling.validate()?;
         Ok(Some(scaling))
@@ -501,12 +497,15 @@ impl RopeScaling {
         }
     }
 
-    fn validate(&self) -> std::result::Result<(), String> {
+    fn validate(&self) -> std::result::Result<(), RopeScalingError> {
         let pos = |k: &str, x: f64| {
             if x.is_finite() && x > 0.0 {
                 Ok(())
             } else {
-                Err(format!("{k} must be > 0, got {x}"))
+                Err(RopeScalingError::NotPositive {
+                    key: k.to_string(),
+                    value: x,
+                })
             }
         };
         match *self {
@@ -521,13 +520,14 @@ impl RopeScaling {
                 pos("low_freq_factor", low_freq_factor)?;
                 pos("high_freq_factor", high_freq_factor)?;
                 if original_max_position_embeddings == 0 {
-                    return Err("original_max_position_embeddings must be > 0".into());
+                    return Err(RopeScalingError::ZeroOriginalMax);
                 }
                 // The smooth interpolation divides by their difference.
                 if high_freq_factor <= low_freq_factor {
-                    return Err(format!(
-                        "high_freq_factor ({high_freq_factor}) must exceed low_freq_factor ({low_freq_factor})"
-                    ));
+                    return Err(RopeScalingError::FreqFactorOrder {
+                        low: low_freq_factor,
+                        high: high_freq_factor,
+                    });
                 }
                 Ok(())
             }

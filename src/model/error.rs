@@ -112,5 +112,47 @@ pub enum ModelError {
     InvalidArgument(String),
 }
 
+/// A `rope_scaling` value that cannot be used. The message is the part
+/// after `rope_scaling: `; the caller adds the file ([`ModelError::Config`])
+/// or the in-memory context ([`ModelError::InvalidConfig`]).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum RopeScalingError {
+    /// The value is neither an object nor null.
+    #[error("expected an object or null, got {0}")]
+    NotAnObject(String),
+    /// Neither `rope_type` nor the older `type` names the kind.
+    #[error("missing rope_type")]
+    MissingType,
+    /// A kind this crate does not implement.
+    #[error("rope_type `{0}` is not supported (supported: default, linear, llama3)")]
+    UnsupportedType(String),
+    /// A numeric parameter of the kind is absent or not a number.
+    #[error("{kind} scaling needs a number `{key}`")]
+    MissingNumber { kind: String, key: String },
+    /// llama3's `original_max_position_embeddings` is absent or not an
+    /// integer.
+    #[error("llama3 scaling needs an integer `original_max_position_embeddings`")]
+    MissingOriginalMax,
+    /// A factor is not a positive finite number.
+    #[error("{key} must be > 0, got {value}")]
+    NotPositive { key: String, value: f64 },
+    /// llama3's `original_max_position_embeddings` is 0.
+    #[error("original_max_position_embeddings must be > 0")]
+    ZeroOriginalMax,
+    /// llama3's interpolation divides by `high - low`.
+    #[error("high_freq_factor ({high}) must exceed low_freq_factor ({low})")]
+    FreqFactorOrder { low: f64, high: f64 },
+}
+
+/// A config that cannot be written as HF JSON; the caller adds the file
+/// ([`ModelError::Config`]).
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigJsonError {
+    #[error("{0}")]
+    Json(#[from] serde_json::Error),
+    #[error("config did not serialise to an object")]
+    NotAnObject,
+}
+
 /// Shorthand used throughout the module.
 pub type Result<T> = std::result::Result<T, ModelError>;

@@ -4,7 +4,7 @@
 //! This module owns the GGUF side of the mapping: which metadata keys give
 //! which [`ModelConfig`] / [`Arch`] field ([`gguf_config`]), the tensor
 //! names (`blk.N.attn_q.weight` ↔ `model.layers.N.self_attn.q_proj.weight`,
-//! ...), dequantisation of every ggml type candle knows (F32, F16, BF16,
+//! ..., from the table in [`crate::model::names`]), dequantisation of every ggml type candle knows (F32, F16, BF16,
 //! Q4_0/Q4_1/Q5_0/Q5_1/Q8_0, K-quants) to f32, and llama.cpp's row
 //! permutation of the Q/K projections. [`Policy`] still owns which tensors
 //! an architecture needs and their shapes; the tokenizer stored in the same
@@ -38,6 +38,7 @@ use super::config::{Arch, Family, ModelConfig, RopeScaling};
 use super::error::{ModelError, Result};
 use super::gguf_tokenizer::GgufVocab;
 use super::llama::Policy;
+use super::names::{LayerTensor, GGUF_BLOCKS, GGUF_EMBED, GGUF_LM_HEAD};
 
 /// The header of a GGUF file (metadata and tensor table; tensor data is
 /// read lazily from `path`).
@@ -326,55 +327,7 @@ fn type_name(v: &Value) -> String {
 
 // --- names -------------------------------------------------------------------
 
-/// GGUF per-block suffix ↔ HF per-layer suffix.
-const BLOCK_NAMES: [(&str, &str); 15] = [
-    ("attn_q.weight", "self_attn.q_proj.weight"),
-    ("attn_k.weight", "self_attn.k_proj.weight"),
-    ("attn_v.weight", "self_attn.v_proj.weight"),
-    ("attn_output.weight", "self_attn.o_proj.weight"),
-    ("attn_q.bias", "self_attn.q_proj.bias"),
-    ("attn_k.bias", "self_attn.k_proj.bias"),
-    ("attn_v.bias", "self_attn.v_proj.bias"),
-    ("attn_output.bias", "self_attn.o_proj.bias"),
-    ("attn_q_norm.weight", "self_attn.q_norm.weight"),
-    ("attn_k_norm.weight", "self_attn.k_norm.weight"),
-    ("ffn_gate.weight", "mlp.gate_proj.weight"),
-    ("ffn_up.weight", "mlp.up_proj.weight"),
-    ("ffn_down.weight", "mlp.down_proj.weight"),
-    ("attn_norm.weight", "input_layernorm.weight"),
-    ("ffn_norm.weight", "post_attention_layernorm.weight"),
-];
-
-/// GGUF top-level name ↔ HF name.
-const TOP_NAMES: [(&str, &str); 3] = [
-    ("token_embd.weight", "model.embed_tokens.weight"),
-    ("output_norm.weight", "model.norm.weight"),
-    ("output.weight", "lm_head.weight"),
-];
-
-/// The HF name of a GGUF tensor, if it is one [`Policy`] knows.
-pub fn gguf_to_hf_name(name: &str) -> Option<String> {
-    if let Some((_, hf)) = TOP_NAMES.iter().find(|(g, _)| *g == name) {
-        return Some(hf.to_string());
-    }
-    let rest = name.strip_prefix("blk.")?;
-    let (layer, suffix) = rest.split_once('.')?;
-    let layer: usize = layer.parse().ok()?;
-    let (_, hf) = BLOCK_NAMES.iter().find(|(g, _)| *g == suffix)?;
-    Some(format!("model.layers.{layer}.{hf}"))
-}
-
-/// The GGUF name of a HF tensor name, if it has one.
-pub fn hf_to_gguf_name(name: &str) -> Option<String> {
-    if let Some((g, _)) = TOP_NAMES.iter().find(|(_, h)| *h == name) {
-        return Some(g.to_string());
-    }
-    let rest = name.strip_prefix("model.layers.")?;
-    let (layer, suffix) = rest.split_once('.')?;
-    let layer: usize = layer.parse().ok()?;
-    let (g, _) = BLOCK_NAMES.iter().find(|(_, h)| *h == suffix)?;
-    Some(format!("blk.{layer}.{g}"))
-}
+pub use super::names::{gguf_to_hf_name, hf_to_gguf_name};
 
 // --- config ------------------------------------------------------------------
 
@@ -438,6 +391,67 @@ fn config_of(g: &GgufFile) -> Result<(ModelConfig, Arch)> {
     if num_attention_heads == 0 {
         return Err(m.bad(&k("attention.head_count"), "must be > 0"));
     }
+    let head_dim = head_dim_of(&m, &k, hidden_size, num_attention_heads)?;
+
+    let rope_scaling = rope_scaling_of(&m, &k)?;
+    if g.tensor_info("rope_freqs.weight").is_some() {
+        return Err(ModelError::TensorData {
+            file: file.clone(),
+            name: "rope_freqs.weight".into(),
+            msg: "per-frequency rope factors (Llama 3.1+ rope scaling) are not supported".into(),
+        });
+    }
+
+    let vocab_size = vocab_size_of(g, &m, &k)?;
+    let id = |key: &str| -> Result<Option<u32>> {
+        Ok(m.opt_u64(key)?
+            .filter(|&v| (v as usize) < vocab_size)
+            .map(|v| v as u32))
+    };
+    let cfg = ModelConfig {
+        architectures: vec![family.class_name().to_string()],
+        model_type: family.model_type().to_string(),
+        vocab_size,
+        hidden_size,
+        intermediate_size,
+        num_hidden_layers,
+        num_attention_heads,
+        num_key_value_heads,
+        head_dim,
+        rope_theta,
+        rms_norm_eps,
+        max_position_embeddings,
+        tie_word_embeddings: g.tensor_info(GGUF_LM_HEAD).is_none(),
+        bos_token_id: id("tokenizer.ggml.bos_token_id")?,
+        eos_token_id: id("tokenizer.ggml.eos_token_id")?,
+        pad_token_id: id("tokenizer.ggml.padding_token_id")?,
+        initializer_range: 0.02,
+    };
+    let arch = Arch {
+        family,
+        attention_bias: family != Family::Qwen2
+            && g.tensor_info(&LayerTensor::QBias.gguf_name(0)).is_some(),
+        rope_scaling,
+    };
+    cfg.validate()
+        .and_then(|()| arch.validate())
+        .map_err(|e| ModelError::Checkpoint {
+            path: g.path.clone(),
+            msg: format!("GGUF metadata gives an invalid config: {e}"),
+        })?;
+    Ok((cfg, arch))
+}
+
+/// `head_dim` of a GGUF config: `A.attention.key_length`, else
+/// `embedding_length / head_count`; `None` when it is that default (so the
+/// config equals the HF one it came from). Refuses value/key lengths that
+/// differ and partial rotary.
+fn head_dim_of(
+    m: &Meta<'_>,
+    k: &dyn Fn(&str) -> String,
+    hidden_size: usize,
+    num_attention_heads: usize,
+) -> Result<Option<usize>> {
     let default_hd = hidden_size / num_attention_heads;
     let key_length = m.opt_usize(&k("attention.key_length"))?;
     let head_dim_v = key_length.unwrap_or(default_hd);
@@ -461,10 +475,15 @@ fn config_of(g: &GgufFile) -> Result<(ModelConfig, Arch)> {
     }
     // Keep `head_dim` absent when it is the default, so the config equals
     // the HF one it came from.
-    let head_dim =
-        (head_dim_v != default_hd || hidden_size % num_attention_heads != 0).then_some(head_dim_v);
+    Ok(
+        (head_dim_v != default_hd || !hidden_size.is_multiple_of(num_attention_heads))
+            .then_some(head_dim_v),
+    )
+}
 
-    let rope_scaling = match m.opt_str(&k("rope.scaling.type"))? {
+/// `rope_scaling` of a GGUF config (`A.rope.scaling.*`): none or linear.
+fn rope_scaling_of(m: &Meta<'_>, k: &dyn Fn(&str) -> String) -> Result<Option<RopeScaling>> {
+    Ok(match m.opt_str(&k("rope.scaling.type"))? {
         None | Some("none") => None,
         Some("linear") => {
             let key = k("rope.scaling.factor");
@@ -478,65 +497,26 @@ fn config_of(g: &GgufFile) -> Result<(ModelConfig, Arch)> {
                 format!("rope scaling `{other}` is not supported (supported: none, linear)"),
             ))
         }
-    };
-    if g.tensor_info("rope_freqs.weight").is_some() {
-        return Err(ModelError::TensorData {
-            file: file.clone(),
-            name: "rope_freqs.weight".into(),
-            msg: "per-frequency rope factors (Llama 3.1+ rope scaling) are not supported".into(),
-        });
-    }
+    })
+}
 
+/// Vocabulary size of a GGUF model: `A.vocab_size`, else the length of
+/// `tokenizer.ggml.tokens`, else the rows of `token_embd.weight`.
+fn vocab_size_of(g: &GgufFile, m: &Meta<'_>, k: &dyn Fn(&str) -> String) -> Result<usize> {
     let n_tokens = match m.get("tokenizer.ggml.tokens") {
         Some(Value::Array(a)) => Some(a.len()),
         _ => None,
     };
-    let vocab_size = match m.opt_usize(&k("vocab_size"))? {
+    Ok(match m.opt_usize(&k("vocab_size"))? {
         Some(v) => v,
         None => match n_tokens {
             Some(n) => n,
             None => g
-                .tensor_info("token_embd.weight")
+                .tensor_info(GGUF_EMBED)
                 .map(|(_, s)| s[0])
                 .ok_or_else(|| m.missing(&k("vocab_size")))?,
         },
-    };
-    let id = |key: &str| -> Result<Option<u32>> {
-        Ok(m.opt_u64(key)?
-            .filter(|&v| (v as usize) < vocab_size)
-            .map(|v| v as u32))
-    };
-    let cfg = ModelConfig {
-        architectures: vec![family.class_name().to_string()],
-        model_type: family.model_type().to_string(),
-        vocab_size,
-        hidden_size,
-        intermediate_size,
-        num_hidden_layers,
-        num_attention_heads,
-        num_key_value_heads,
-        head_dim,
-        rope_theta,
-        rms_norm_eps,
-        max_position_embeddings,
-        tie_word_embeddings: g.tensor_info("output.weight").is_none(),
-        bos_token_id: id("tokenizer.ggml.bos_token_id")?,
-        eos_token_id: id("tokenizer.ggml.eos_token_id")?,
-        pad_token_id: id("tokenizer.ggml.padding_token_id")?,
-        initializer_range: 0.02,
-    };
-    let arch = Arch {
-        family,
-        attention_bias: family != Family::Qwen2 && g.tensor_info("blk.0.attn_q.bias").is_some(),
-        rope_scaling,
-    };
-    cfg.validate()
-        .and_then(|()| arch.validate())
-        .map_err(|e| ModelError::Checkpoint {
-            path: g.path.clone(),
-            msg: format!("GGUF metadata gives an invalid config: {e}"),
-        })?;
-    Ok((cfg, arch))
+    })
 }
 
 // --- Q/K permutation ------------------------------------------------------------
@@ -569,11 +549,10 @@ fn permuted_heads(cfg: &ModelConfig, arch: &Arch, hf_name: &str) -> Option<usize
     if arch.family != Family::Llama {
         return None;
     }
-    if hf_name.ends_with("self_attn.q_proj.weight") || hf_name.ends_with("self_attn.q_proj.bias") {
+    let is = |t: LayerTensor| hf_name.ends_with(t.hf());
+    if is(LayerTensor::Q) || is(LayerTensor::QBias) {
         Some(cfg.num_attention_heads)
-    } else if hf_name.ends_with("self_attn.k_proj.weight")
-        || hf_name.ends_with("self_attn.k_proj.bias")
-    {
+    } else if is(LayerTensor::K) || is(LayerTensor::KBias) {
         Some(cfg.num_key_value_heads)
     } else {
         None
@@ -665,88 +644,32 @@ impl Policy {
         dtype: GgmlDType,
         vocab: Option<&GgufVocab>,
     ) -> Result<()> {
-        let cfg = self.config();
-        let arch = self.arch();
-        let a = arch.family.model_type();
-        let k = |s: &str| format!("{a}.{s}");
-        let u32v = |x: usize| -> Result<Value> {
-            u32::try_from(x).map(Value::U32).map_err(|_| {
-                ModelError::InvalidArgument(format!("write_gguf: {x} does not fit in u32"))
-            })
-        };
-        let hd = cfg.head_dim();
-        let mut md: Vec<(String, Value)> = vec![
-            ("general.architecture".into(), Value::String(a.into())),
-            (
-                "general.name".into(),
-                Value::String("actguide policy".into()),
-            ),
-            (k("vocab_size"), u32v(cfg.vocab_size)?),
-            (k("context_length"), u32v(cfg.max_position_embeddings)?),
-            (k("embedding_length"), u32v(cfg.hidden_size)?),
-            (k("block_count"), u32v(cfg.num_hidden_layers)?),
-            (k("feed_forward_length"), u32v(cfg.intermediate_size)?),
-            (k("attention.head_count"), u32v(cfg.num_attention_heads)?),
-            (k("attention.head_count_kv"), u32v(cfg.num_key_value_heads)?),
-            (k("attention.key_length"), u32v(hd)?),
-            (k("attention.value_length"), u32v(hd)?),
-            (k("rope.dimension_count"), u32v(hd)?),
-            (k("rope.freq_base"), Value::F32(cfg.rope_theta as f32)),
-            (
-                k("attention.layer_norm_rms_epsilon"),
-                Value::F32(cfg.rms_norm_eps as f32),
-            ),
-        ];
-        match &arch.rope_scaling {
-            None => {}
-            Some(RopeScaling::Linear { factor }) => {
-                md.push((k("rope.scaling.type"), Value::String("linear".into())));
-                md.push((k("rope.scaling.factor"), Value::F32(*factor as f32)));
-            }
-            Some(rs) => {
-                return Err(ModelError::InvalidArgument(format!(
-                    "write_gguf: rope_scaling {} has no GGUF metadata form",
-                    rs.to_json()
-                )))
-            }
-        }
-        let mut ids: Vec<(&str, Option<u32>)> = vec![
-            ("tokenizer.ggml.bos_token_id", cfg.bos_token_id),
-            ("tokenizer.ggml.eos_token_id", cfg.eos_token_id),
-            ("tokenizer.ggml.padding_token_id", cfg.pad_token_id),
-        ];
-        if let Some(v) = vocab {
-            if v.tokens.len() > cfg.vocab_size {
-                return Err(ModelError::InvalidArgument(format!(
-                    "write_gguf: vocabulary has {} tokens, the model only {}",
-                    v.tokens.len(),
-                    cfg.vocab_size
-                )));
-            }
-            for (key, own) in [
-                ("tokenizer.ggml.bos_token_id", v.bos_token_id),
-                ("tokenizer.ggml.eos_token_id", v.eos_token_id),
-                ("tokenizer.ggml.padding_token_id", v.padding_token_id),
-            ] {
-                let slot = ids.iter_mut().find(|(k2, _)| *k2 == key).expect("listed");
-                match (slot.1, own) {
-                    (Some(c), Some(o)) if c != o => {
-                        return Err(ModelError::InvalidArgument(format!(
-                            "write_gguf: {key}: config says {c}, vocabulary {o}"
-                        )))
-                    }
-                    (None, Some(o)) => slot.1 = Some(o),
-                    _ => {}
-                }
-            }
-            md.extend(v.to_metadata());
-        }
-        for (key, id) in ids {
-            if let Some(id) = id {
-                md.push((key.to_string(), Value::U32(id)));
-            }
-        }
+        let mut md = model_metadata(self.config(), self.arch())?;
+        md.extend(token_metadata(self.config(), vocab)?);
+        let qtensors = self.gguf_tensors(path, dtype)?;
 
+        let io = |source: std::io::Error| ModelError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let f = File::create(path).map_err(io)?;
+        let mut w = BufWriter::new(f);
+        let md_refs: Vec<(&str, &Value)> = md.iter().map(|(k, v)| (k.as_str(), v)).collect();
+        let t_refs: Vec<(&str, &QTensor)> = qtensors.iter().map(|(n, q)| (n.as_str(), q)).collect();
+        gguf_file::write(&mut w, &md_refs, &t_refs).map_err(|e| ModelError::Checkpoint {
+            path: path.to_path_buf(),
+            msg: format!("cannot write GGUF: {e}"),
+        })?;
+        use std::io::Write;
+        w.flush().map_err(io)
+    }
+
+    /// Every weight under its GGUF name, Q/K rows permuted for llama,
+    /// stored as `dtype` where the row length allows (see
+    /// [`Policy::write_gguf`]), in llama.cpp's order: embeddings, blocks in
+    /// order, head. `path` only names the file in errors.
+    fn gguf_tensors(&self, path: &Path, dtype: GgmlDType) -> Result<Vec<(String, QTensor)>> {
+        let (cfg, arch) = (self.config(), self.arch());
         let mut qtensors: Vec<(String, QTensor)> = Vec::new();
         for (name, t) in self.named_tensors() {
             let gname = hf_to_gguf_name(&name).ok_or_else(|| {
@@ -771,9 +694,12 @@ impl Policy {
         }
         // llama.cpp's order: embeddings, blocks in order, head.
         let rank = |n: &str| -> (usize, usize, String) {
-            if n == "token_embd.weight" {
+            if n == GGUF_EMBED {
                 (0, 0, n.into())
-            } else if let Some(rest) = n.strip_prefix("blk.") {
+            } else if let Some(rest) = n
+                .strip_prefix(GGUF_BLOCKS)
+                .and_then(|r| r.strip_prefix('.'))
+            {
                 let (l, s) = rest.split_once('.').unwrap_or((rest, ""));
                 (1, l.parse().unwrap_or(0), s.into())
             } else {
@@ -781,22 +707,101 @@ impl Policy {
             }
         };
         qtensors.sort_by_key(|(n, _)| rank(n));
-
-        let io = |source: std::io::Error| ModelError::Io {
-            path: path.to_path_buf(),
-            source,
-        };
-        let f = File::create(path).map_err(io)?;
-        let mut w = BufWriter::new(f);
-        let md_refs: Vec<(&str, &Value)> = md.iter().map(|(k, v)| (k.as_str(), v)).collect();
-        let t_refs: Vec<(&str, &QTensor)> = qtensors.iter().map(|(n, q)| (n.as_str(), q)).collect();
-        gguf_file::write(&mut w, &md_refs, &t_refs).map_err(|e| ModelError::Checkpoint {
-            path: path.to_path_buf(),
-            msg: format!("cannot write GGUF: {e}"),
-        })?;
-        use std::io::Write;
-        w.flush().map_err(io)
+        Ok(qtensors)
     }
+}
+
+/// The GGUF metadata of the model's dimensions and rope (llama.cpp's
+/// keys under the family's `general.architecture`).
+fn model_metadata(cfg: &ModelConfig, arch: &Arch) -> Result<Vec<(String, Value)>> {
+    let a = arch.family.model_type();
+    let k = |s: &str| format!("{a}.{s}");
+    let u32v = |x: usize| -> Result<Value> {
+        u32::try_from(x).map(Value::U32).map_err(|_| {
+            ModelError::InvalidArgument(format!("write_gguf: {x} does not fit in u32"))
+        })
+    };
+    let hd = cfg.head_dim();
+    let mut md: Vec<(String, Value)> = vec![
+        ("general.architecture".into(), Value::String(a.into())),
+        (
+            "general.name".into(),
+            Value::String("actguide policy".into()),
+        ),
+        (k("vocab_size"), u32v(cfg.vocab_size)?),
+        (k("context_length"), u32v(cfg.max_position_embeddings)?),
+        (k("embedding_length"), u32v(cfg.hidden_size)?),
+        (k("block_count"), u32v(cfg.num_hidden_layers)?),
+        (k("feed_forward_length"), u32v(cfg.intermediate_size)?),
+        (k("attention.head_count"), u32v(cfg.num_attention_heads)?),
+        (k("attention.head_count_kv"), u32v(cfg.num_key_value_heads)?),
+        (k("attention.key_length"), u32v(hd)?),
+        (k("attention.value_length"), u32v(hd)?),
+        (k("rope.dimension_count"), u32v(hd)?),
+        (k("rope.freq_base"), Value::F32(cfg.rope_theta as f32)),
+        (
+            k("attention.layer_norm_rms_epsilon"),
+            Value::F32(cfg.rms_norm_eps as f32),
+        ),
+    ];
+    match &arch.rope_scaling {
+        None => {}
+        Some(RopeScaling::Linear { factor }) => {
+            md.push((k("rope.scaling.type"), Value::String("linear".into())));
+            md.push((k("rope.scaling.factor"), Value::F32(*factor as f32)));
+        }
+        Some(rs) => {
+            return Err(ModelError::InvalidArgument(format!(
+                "write_gguf: rope_scaling {} has no GGUF metadata form",
+                rs.to_json()
+            )))
+        }
+    }
+    Ok(md)
+}
+
+/// The vocabulary's `tokenizer.ggml.*` keys (with `vocab`) followed by
+/// the bos/eos/pad ids: the config's, else the vocabulary's; the two must
+/// agree where both are set.
+fn token_metadata(cfg: &ModelConfig, vocab: Option<&GgufVocab>) -> Result<Vec<(String, Value)>> {
+    let mut md = Vec::new();
+    let mut ids: Vec<(&str, Option<u32>)> = vec![
+        ("tokenizer.ggml.bos_token_id", cfg.bos_token_id),
+        ("tokenizer.ggml.eos_token_id", cfg.eos_token_id),
+        ("tokenizer.ggml.padding_token_id", cfg.pad_token_id),
+    ];
+    if let Some(v) = vocab {
+        if v.tokens.len() > cfg.vocab_size {
+            return Err(ModelError::InvalidArgument(format!(
+                "write_gguf: vocabulary has {} tokens, the model only {}",
+                v.tokens.len(),
+                cfg.vocab_size
+            )));
+        }
+        for (key, own) in [
+            ("tokenizer.ggml.bos_token_id", v.bos_token_id),
+            ("tokenizer.ggml.eos_token_id", v.eos_token_id),
+            ("tokenizer.ggml.padding_token_id", v.padding_token_id),
+        ] {
+            let slot = ids.iter_mut().find(|(k2, _)| *k2 == key).expect("listed");
+            match (slot.1, own) {
+                (Some(c), Some(o)) if c != o => {
+                    return Err(ModelError::InvalidArgument(format!(
+                        "write_gguf: {key}: config says {c}, vocabulary {o}"
+                    )))
+                }
+                (None, Some(o)) => slot.1 = Some(o),
+                _ => {}
+            }
+        }
+        md.extend(v.to_metadata());
+    }
+    for (key, id) in ids {
+        if let Some(id) = id {
+            md.push((key.to_string(), Value::U32(id)));
+        }
+    }
+    Ok(md)
 }
 
 #[cfg(test)]

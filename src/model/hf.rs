@@ -4,7 +4,9 @@
 //! shards), for every family [`Policy`] implements.
 //!
 //! This module owns the file layout (which files, shard naming, the index's
-//! `weight_map`, dtype conversion, error attribution to files);
+//! `weight_map`, dtype conversion, error attribution to files) and every
+//! safetensors read or write of the base weights
+//! ([`Policy::load_safetensors`], [`Policy::save_safetensors`]);
 //! [`Policy`] owns which tensors an architecture needs and their shapes.
 
 use std::collections::{BTreeMap, HashMap};
@@ -12,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
 
-use super::config::ModelConfig;
+use super::config::{Arch, ModelConfig};
 use super::error::{ModelError, Result};
 use super::llama::Policy;
 
@@ -156,6 +158,37 @@ fn read_index(path: &Path) -> Result<BTreeMap<String, String>> {
 }
 
 impl Policy {
+    /// Loads HF weights for `cfg` with the family's default architecture
+    /// ([`Arch::from_config`]): a `.safetensors` file, a sharded
+    /// checkpoint's `model.safetensors.index.json`, or a directory holding
+    /// either. [`Policy::from_hf_dir`] also reads the config (and its
+    /// `rope_scaling`/`attention_bias`) from the folder.
+    pub fn load_safetensors(cfg: &ModelConfig, path: &Path, device: &Device) -> Result<Self> {
+        let arch = Arch::from_config(cfg)?;
+        let path = if path.is_dir() {
+            weights_path(path)?
+        } else {
+            path.to_path_buf()
+        };
+        let (tensors, origins) = read_weights(&path)?;
+        Self::assemble(cfg, &arch, tensors, &|n| origins.file_of(n), device, true)
+    }
+
+    /// Writes all weights under their HF names (no `lm_head.weight` when
+    /// tied), so `transformers` can load the file with the saved config.
+    pub fn save_safetensors(&self, path: &Path) -> Result<()> {
+        let map: HashMap<String, Tensor> = self
+            .w
+            .named()
+            .into_iter()
+            .map(|(n, t)| (n, t.detach()))
+            .collect();
+        candle_core::safetensors::save(&map, path).map_err(|e| ModelError::Io {
+            path: path.to_path_buf(),
+            source: std::io::Error::other(e.to_string()),
+        })
+    }
+
     /// Loads a HF model folder: `config.json` (family, dimensions,
     /// `rope_scaling`, `attention_bias`; see
     /// [`ModelConfig::from_file_with_arch`]) and the weights

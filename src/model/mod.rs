@@ -11,20 +11,27 @@
 //!   [`Policy::write_gguf`].
 //! - [`gguf_tokenizer`]: byte-level BPE tokenizers from GGUF metadata
 //!   ([`Tok::from_gguf`], [`GgufVocab`]).
-//! - [`hf`]: HF model folders: [`Policy::from_hf_dir`] /
+//! - [`hf`]: HF model folders and safetensors: [`Policy::from_hf_dir`] /
 //!   [`Policy::save_hf_dir`] (`config.json` + single or sharded
-//!   safetensors).
-//! - [`llama`]: [`Policy`], the model: random init / HF safetensors I/O,
-//!   differentiable scoring ([`Policy::score`]) for training and batched,
-//!   KV-cached, optionally constrained generation ([`Policy::generate`]) for
-//!   rollouts.
-//!   Its tests live in `llama_tests.rs` (incl. an independent f64 reference
-//!   forward and a cross-check against candle-transformers' Llama).
+//!   safetensors), [`Policy::load_safetensors`] /
+//!   [`Policy::save_safetensors`].
+//! - [`llama`]: [`Policy`], the model, one concept per file: its weights
+//!   (random init, building from named tensors), the decoder block,
+//!   differentiable scoring ([`Policy::score`]) for training, and batched,
+//!   KV-cached, optionally constrained generation ([`Policy::generate`])
+//!   for rollouts. Its tests live in `llama/tests/` (incl. an independent
+//!   f64 reference forward and a cross-check against candle-transformers'
+//!   Llama).
 //! - [`lora`]: LoRA settings, adapted projections and PEFT file layout
-//!   ([`LoraConfig`]); the adapters live in [`Policy`]
+//!   ([`LoraConfig`]); the adapters live in [`Policy`], and the methods
+//!   that attach, apply, merge and save them are in `lora/adapters.rs`
 //!   ([`Policy::with_lora`], [`Policy::merged`], [`Policy::save_adapter`]).
+//! - [`names`]: every weight's checkpoint name (HF, GGUF, PEFT), stated
+//!   once.
 //! - [`source`]: [`ModelSource`], what a `model.path` names (HF folder or
 //!   GGUF file) with its tokenizer side files.
+//! - `sampler` (private): token choice from a row of logits (temperature,
+//!   top-p, greedy, constrained), kept apart from the model.
 //! - `ops` (private): fused CPU kernels *with* backward passes (causal
 //!   softmax, RMSNorm, rotary, SwiGLU, target log-prob + entropy) used by
 //!   the model, with composite-candle fallbacks for non-CPU devices.
@@ -41,7 +48,9 @@ pub mod gguf_tokenizer;
 pub mod hf;
 pub mod llama;
 pub mod lora;
+pub mod names;
 mod ops;
+mod sampler;
 pub mod source;
 pub mod tokenizer;
 pub mod trie;

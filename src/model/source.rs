@@ -137,9 +137,9 @@ impl ModelSource {
         let g = GgufFile::open(path)?;
         let file = path.display().to_string();
         let (cfg, arch) = gguf_config(path)?;
-        let config_json = cfg.to_hf_json(&arch).map_err(|msg| ModelError::Config {
+        let config_json = cfg.to_hf_json(&arch).map_err(|e| ModelError::Config {
             path: path.to_path_buf(),
-            msg,
+            msg: e.to_string(),
         })?;
         let vocab = GgufVocab::from_metadata(g.metadata(), &file)?;
         let tok = Tok::from_gguf_vocab(&vocab, path)?;

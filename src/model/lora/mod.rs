@@ -6,8 +6,9 @@
 //!
 //! The adapted forward is `y = x Wᵀ + (alpha / r) · dropout(x) Aᵀ Bᵀ` with
 //! `A: (r, in)`, `B: (out, r)`; `B` starts at zero so an adapted model
-//! starts exactly at its base. [`super::Policy`] owns the tensors
-//! ([`super::Policy::with_lora`], [`super::Policy::merged`],
+//! starts exactly at its base. The adapters live in [`super::Policy`];
+//! the methods that attach, apply, merge, save and load them are in
+//! `adapters.rs` ([`super::Policy::with_lora`], [`super::Policy::merged`],
 //! [`super::Policy::save_adapter`], [`super::Policy::load_adapter`]).
 
 use std::path::Path;
@@ -15,6 +16,9 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use super::error::{ModelError, Result};
+use super::names::{layer_prefix, LayerTensor};
+
+mod adapters;
 
 /// Adapter weights file name (PEFT).
 pub const ADAPTER_WEIGHTS: &str = "adapter_model.safetensors";
@@ -44,30 +48,30 @@ impl Proj {
         Proj::Down,
     ];
 
-    /// Short module name, as in PEFT's `target_modules`.
-    pub fn name(self) -> &'static str {
+    /// The projection's weight in a decoder layer.
+    pub fn weight(self) -> LayerTensor {
         match self {
-            Proj::Q => "q_proj",
-            Proj::K => "k_proj",
-            Proj::V => "v_proj",
-            Proj::O => "o_proj",
-            Proj::Gate => "gate_proj",
-            Proj::Up => "up_proj",
-            Proj::Down => "down_proj",
+            Proj::Q => LayerTensor::Q,
+            Proj::K => LayerTensor::K,
+            Proj::V => LayerTensor::V,
+            Proj::O => LayerTensor::O,
+            Proj::Gate => LayerTensor::Gate,
+            Proj::Up => LayerTensor::Up,
+            Proj::Down => LayerTensor::Down,
         }
     }
 
-    /// Path below `model.layers.<i>.`.
+    /// Short module name, as in PEFT's `target_modules`.
+    pub fn name(self) -> &'static str {
+        let path = self.path();
+        path.rsplit_once('.').map_or(path, |(_, n)| n)
+    }
+
+    /// Path below `model.layers.<i>.` (the weight's name without
+    /// `.weight`).
     pub fn path(self) -> &'static str {
-        match self {
-            Proj::Q => "self_attn.q_proj",
-            Proj::K => "self_attn.k_proj",
-            Proj::V => "self_attn.v_proj",
-            Proj::O => "self_attn.o_proj",
-            Proj::Gate => "mlp.gate_proj",
-            Proj::Up => "mlp.up_proj",
-            Proj::Down => "mlp.down_proj",
-        }
+        let w = self.weight().hf();
+        w.strip_suffix(".weight").unwrap_or(w)
     }
 
     pub fn parse(s: &str) -> Option<Proj> {
@@ -83,7 +87,8 @@ impl Proj {
     /// `lora_B` in layer `layer`.
     pub fn tensor_name(self, layer: usize, a: bool) -> String {
         format!(
-            "base_model.model.model.layers.{layer}.{}.lora_{}.weight",
+            "base_model.model.{}.{}.lora_{}.weight",
+            layer_prefix(layer),
             self.path(),
             if a { "A" } else { "B" }
         )

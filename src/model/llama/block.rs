@@ -1,0 +1,250 @@
+//! The trunk both paths run: token embedding, the decoder block
+//! (attention with rotary embeddings and grouped-query heads, SwiGLU MLP,
+//! with any LoRA updates), the final norm and LM head, and how sequences
+//! are chunked so no activation grows past a few MB.
+
+use candle_core::{DType, Tensor};
+
+use super::cache::LayerCache;
+use super::{LayerW, Policy, Weights};
+use crate::model::error::{ModelError, Result};
+use crate::model::lora::Proj;
+use crate::model::ops;
+
+/// Additive mask value for hidden attention columns. `-inf` gives exactly
+/// zero weight; every query row keeps at least its own column visible, so no
+/// row is all `-inf` (which would give NaN).
+pub(super) const MASKED: f32 = f32::NEG_INFINITY;
+
+/// Budget (in f32 elements) for the largest activation of one chunk of
+/// sequences (attention scores or the fused gate/up projection). Scoring
+/// and prefill run the trunk chunk by chunk: on CPU, tensors of a few MB
+/// stay in the allocator's heap and in cache, while tens-of-MB tensors are
+/// mmapped and page-faulted afresh on every op, which costs more than the
+/// arithmetic. Results do not depend on it (up to float rounding).
+pub(super) const CHUNK_BUDGET: usize = 1 << 21;
+
+thread_local! {
+    /// Per-thread override of [`CHUNK_BUDGET`], for tests that force tiny chunks.
+    pub(super) static CHUNK_BUDGET_OVERRIDE: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+}
+
+/// How attention hides columns.
+#[derive(Clone, Copy)]
+pub(super) enum AttnMask<'a> {
+    /// Plain causal mask (scoring: right-padded, positions from 0).
+    Causal,
+    /// Additive mask broadcastable to `(b, n_kv, n_rep, t, s)` (generation:
+    /// left padding).
+    Additive(&'a Tensor),
+}
+
+impl Policy {
+    /// Splits sequences, sorted by decreasing length `lens`, into
+    /// consecutive chunks whose largest activation fits [`CHUNK_BUDGET`].
+    pub(super) fn plan_chunks(&self, lens: &[usize]) -> Vec<std::ops::Range<usize>> {
+        let budget = CHUNK_BUDGET_OVERRIDE
+            .with(|c| c.get())
+            .unwrap_or(CHUNK_BUDGET);
+        let widest = (2 * self.cfg.intermediate_size)
+            .max(self.cfg.hidden_size)
+            .max(self.cfg.num_attention_heads * self.cfg.head_dim());
+        let mut out = Vec::new();
+        let mut start = 0;
+        while start < lens.len() {
+            let t = lens[start].max(1);
+            let per_seq = t * widest.max(self.cfg.num_attention_heads * t);
+            let n = (budget / per_seq).max(1);
+            let end = (start + n).min(lens.len());
+            out.push(start..end);
+            start = end;
+        }
+        out
+    }
+
+    /// Rotary tables for `rows * t` positions (`rows` = 1 when all
+    /// sequences share positions `0..t`).
+    pub(super) fn rope_tables(
+        &self,
+        positions: &[usize],
+        rows: usize,
+        t: usize,
+    ) -> ops::RopeTables {
+        ops::RopeTables::new(&self.inv_freq, positions, rows, t)
+    }
+
+    pub(super) fn embed(&self, w: &Weights, ids: &[u32]) -> Result<Tensor> {
+        let v = self.cfg.vocab_size;
+        if let Some(bad) = ids.iter().find(|&&i| i as usize >= v) {
+            return Err(ModelError::InvalidArgument(format!(
+                "token id {bad} outside the vocabulary (vocab_size {v})"
+            )));
+        }
+        let ids = Tensor::from_slice(ids, ids.len(), &self.device)?;
+        Ok(w.embed.index_select(&ids, 0)?)
+    }
+
+    /// One decoder block on `x` `(b * t, hidden)`. `cache = Some((c, off,
+    /// from))` writes this step's keys/values at column `off` of the cache
+    /// and attends over columns `from..off + t`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn block(
+        &self,
+        lw: &LayerW,
+        x: &Tensor,
+        b: usize,
+        t: usize,
+        rope: &ops::RopeTables,
+        mask: AttnMask<'_>,
+        cache: Option<(&mut LayerCache, usize, usize)>,
+    ) -> Result<Tensor> {
+        let eps = self.cfg.rms_norm_eps;
+        let h = ops::rms_norm(x, &lw.ln1, eps)?;
+        let y = self.attention(lw, &h, b, t, rope, mask, cache)?;
+        let x = (x + self.proj(lw, Proj::O, &y, &lw.o, lw.bo.as_ref())?)?;
+
+        let h = ops::rms_norm(&x, &lw.ln2, eps)?;
+        let m = self.mlp(lw, &h)?;
+        Ok((x + m)?)
+    }
+
+    /// Grouped-query attention of the normed rows `h` `(b * t, hidden)`,
+    /// before the output projection: `(b * t, heads * head_dim)`.
+    #[allow(clippy::too_many_arguments)]
+    fn attention(
+        &self,
+        lw: &LayerW,
+        h: &Tensor,
+        b: usize,
+        t: usize,
+        rope: &ops::RopeTables,
+        mask: AttnMask<'_>,
+        cache: Option<(&mut LayerCache, usize, usize)>,
+    ) -> Result<Tensor> {
+        let eps = self.cfg.rms_norm_eps;
+        let hd = self.cfg.head_dim();
+        let (nh, nkv) = (self.cfg.num_attention_heads, self.cfg.num_key_value_heads);
+        let rep = nh / nkv;
+        let scale = 1.0 / (hd as f64).sqrt();
+
+        // Qwen3: RMSNorm over each head's `head_dim` values of q and k,
+        // after the projection and before rotary (HF order). Rows of
+        // `(b * t, heads * hd)` split into `(b * t * heads, hd)`.
+        let head_norm = |y: Tensor, w: &Option<Tensor>, heads: usize| -> Result<Tensor> {
+            match w {
+                Some(w) => ops::rms_norm(&y.reshape((b * t * heads, hd))?, w, eps),
+                None => Ok(y),
+            }
+        };
+        let q = head_norm(
+            self.proj(lw, Proj::Q, h, &lw.q, lw.bq.as_ref())?,
+            &lw.q_norm,
+            nh,
+        )?;
+        let k = head_norm(
+            self.proj(lw, Proj::K, h, &lw.k, lw.bk.as_ref())?,
+            &lw.k_norm,
+            nkv,
+        )?;
+        // (b, heads, t, hd), rotated.
+        let q = ops::rope_heads_first(&q.reshape((b, t, nh, hd))?, rope)?;
+        let k = ops::rope_heads_first(&k.reshape((b, t, nkv, hd))?, rope)?;
+        let v = self
+            .proj(lw, Proj::V, h, &lw.v, lw.bv.as_ref())?
+            .reshape((b, t, nkv, hd))?
+            .transpose(1, 2)?
+            .contiguous()?;
+        let (k, v) = match cache {
+            None => (k, v),
+            Some((c, off, from)) => c.write(&k, &v, off, from)?,
+        };
+        let s = k.dim(2)?;
+        // GQA without materialising repeated K/V: query head h = g * rep + r
+        // reads kv head g, so (b, nh, t, hd) regroups to (b, nkv, rep * t, hd);
+        // score rows are then ordered (b, kv head, r, query).
+        let q = q.reshape((b, nkv, rep * t, hd))?;
+        let att = match mask {
+            // Training path: fused scale + causal mask + softmax, with backward.
+            AttnMask::Causal => ops::causal_softmax(&q.matmul(&k.t()?)?, scale, t)?,
+            // Generation path (detached weights, no backward needed), so
+            // candle's fused forward-only softmax is fine here.
+            AttnMask::Additive(m) => {
+                let att = q
+                    .affine(scale, 0.0)?
+                    .matmul(&k.t()?)?
+                    .reshape((b, nkv, rep, t, s))?
+                    .broadcast_add(m)?;
+                candle_nn::ops::softmax_last_dim(&att)?.reshape((b, nkv, rep * t, s))?
+            }
+        };
+        Ok(att
+            .matmul(&v)?
+            .reshape((b, nh, t, hd))?
+            .transpose(1, 2)?
+            .reshape((b * t, nh * hd))?)
+    }
+
+    /// SwiGLU MLP of the normed rows `h`, down projection included.
+    fn mlp(&self, lw: &LayerW, h: &Tensor) -> Result<Tensor> {
+        let gu_w = match &lw.gu {
+            Some(gu) => gu.clone(),
+            None => Tensor::cat(&[&lw.gate, &lw.up], 0)?,
+        };
+        let mut gu = self.base_linear(h, &gu_w)?;
+        let (dg, du) = (
+            self.lora_delta(lw, Proj::Gate, h)?,
+            self.lora_delta(lw, Proj::Up, h)?,
+        );
+        if dg.is_some() || du.is_some() {
+            let i = self.cfg.intermediate_size;
+            let zeros = || Tensor::zeros((h.dim(0)?, i), DType::F32, &self.device);
+            let dg = dg.map_or_else(zeros, Ok)?;
+            let du = du.map_or_else(zeros, Ok)?;
+            gu = (gu + Tensor::cat(&[&dg, &du], 1)?)?;
+        }
+        self.proj(lw, Proj::Down, &ops::swiglu(&gu)?, &lw.down, None)
+    }
+
+    /// `x Wᵀ (+ bias)` plus the LoRA update of projection `p`, if adapted.
+    fn proj(
+        &self,
+        lw: &LayerW,
+        p: Proj,
+        x: &Tensor,
+        w: &Tensor,
+        bias: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        let y = self.base_linear(x, w)?;
+        let y = match bias {
+            Some(b) => y.broadcast_add(b)?,
+            None => y,
+        };
+        Ok(match self.lora_delta(lw, p, x)? {
+            Some(d) => (y + d)?,
+            None => y,
+        })
+    }
+
+    /// `x Wᵀ` for a base weight: under LoRA the base is frozen, and the
+    /// product skips the weight gradient candle's matmul would compute.
+    pub(in crate::model) fn base_linear(&self, x: &Tensor, w: &Tensor) -> Result<Tensor> {
+        // Only when a gradient flows through `x` (scoring the trained
+        // policy); generation and the frozen reference build no graph.
+        if self.lora.is_some() && x.track_op() {
+            ops::frozen_linear(x, w)
+        } else {
+            linear(x, w)
+        }
+    }
+
+    /// Logits `(rows, vocab)` from pre-norm hidden rows `(rows, hidden)`.
+    pub(super) fn head(&self, w: &Weights, hidden: &Tensor) -> Result<Tensor> {
+        let h = ops::rms_norm(hidden, &w.norm, self.cfg.rms_norm_eps)?;
+        self.base_linear(&h, w.head())
+    }
+}
+
+/// `x (rows, in) @ w.T` for an HF `(out, in)` weight.
+pub(in crate::model) fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    Ok(x.matmul(&w.t()?)?)
+}

@@ -1,0 +1,349 @@
+//! The rollout path: batched, KV-cached, optionally constrained
+//! generation ([`Policy::generate`]) and next-token logits
+//! ([`Policy::next_logits`]).
+
+use candle_core::Tensor;
+use rand_chacha::ChaCha8Rng;
+
+use super::block::{AttnMask, MASKED};
+use super::cache::{self, LayerCache};
+use super::{Policy, Weights};
+use crate::model::error::{ModelError, Result};
+use crate::model::sampler::Sampler;
+use crate::model::trie::TokenTrie;
+
+/// Sampling settings for [`Policy::generate`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerateOptions {
+    pub max_new_tokens: usize,
+    /// Softmax temperature for sampling and for the reported log-probs. Must
+    /// be > 0 unless `greedy` (then a non-positive value reports log-probs at
+    /// temperature 1).
+    pub temperature: f64,
+    /// Nucleus sampling mass; `>= 1` disables it, `-> 0` approaches greedy.
+    pub top_p: f64,
+    /// Arg-max decoding (of the constrained logits) instead of sampling.
+    pub greedy: bool,
+    pub eos_token_id: u32,
+}
+
+/// One generated completion.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Generated {
+    /// Generated ids, including the eos if one was emitted.
+    pub tokens: Vec<u32>,
+    /// One per token: `log softmax(logits / temperature)[token]` over the
+    /// full, unconstrained vocabulary (see [`Policy::generate`]).
+    pub logprobs: Vec<f32>,
+    /// True when eos was emitted (false: stopped by `max_new_tokens`).
+    pub finished: bool,
+}
+
+impl Policy {
+    /// Samples completions for a batch of prompts.
+    ///
+    /// Runs on detached weights (candle has no no-grad mode, so this is what
+    /// keeps generation from building an autograd graph). Prompts are
+    /// left-padded to a common length; each sequence's rotary positions start
+    /// at 0 on its first real token and an additive mask hides its pad
+    /// columns, so a prompt's distribution does not depend on what it is
+    /// batched with (greedy output is identical alone or batched). Prompts
+    /// are prefilled once, longest first, in chunks of similar length, into
+    /// a preallocated per-layer KV cache (written in place with
+    /// `slice_set`); then all unfinished sequences advance one token per
+    /// step; finished ones are dropped from the batch (the caches are
+    /// compacted). Each step samples the active sequences in that
+    /// longest-first order from `rng`, so results are reproducible for the
+    /// same prompts, options and seed.
+    ///
+    /// With `constraints` (one trie per prompt) a sequence can only emit one
+    /// of its trie's actions followed by eos. Sampling uses the masked
+    /// distribution (with top-p), but the reported `logprobs` are the
+    /// *unconstrained* `log softmax(logits / temperature)` over the full
+    /// vocabulary: that is the quantity [`Policy::score`] computes for the
+    /// same sequence (which knows nothing about constraints), so the PPO
+    /// ratio is exactly 1 before the first update, and the learning signal
+    /// moves the model's own distribution towards admissible actions rather
+    /// than relying on the mask.
+    pub fn generate(
+        &self,
+        prompts: &[Vec<u32>],
+        opts: &GenerateOptions,
+        constraints: Option<&[TokenTrie]>,
+        rng: &mut ChaCha8Rng,
+    ) -> Result<Vec<Generated>> {
+        let temperature = self.check_generate(prompts, opts, constraints)?;
+        let mut out: Vec<Generated> = prompts
+            .iter()
+            .map(|_| Generated {
+                tokens: Vec::new(),
+                logprobs: Vec::new(),
+                finished: false,
+            })
+            .collect();
+        if prompts.is_empty() || opts.max_new_tokens == 0 {
+            return Ok(out);
+        }
+        let w = self.inference_weights()?;
+        let n = prompts.len();
+        let p_len = prompts.iter().map(Vec::len).max().unwrap_or(0);
+        let capacity = p_len + opts.max_new_tokens;
+        // Longest first; each chunk is prefilled at its own length and
+        // written right-aligned into the cache, so columns line up.
+        let mut active: Vec<usize> = (0..n).collect();
+        active.sort_by_key(|&i| std::cmp::Reverse(prompts[i].len()));
+        let mut pads: Vec<usize> = active.iter().map(|&i| p_len - prompts[i].len()).collect();
+        let (mut cache, mut logits) = self.prefill_batch(&w, prompts, &active, p_len, capacity)?;
+
+        let sampler = Sampler {
+            temperature,
+            top_p: opts.top_p,
+            greedy: opts.greedy,
+            eos: opts.eos_token_id,
+        };
+        for step in 0..opts.max_new_tokens {
+            let keep = sample_step(&sampler, &logits, &active, constraints, &mut out, rng)?;
+            if keep.is_empty() || step + 1 == opts.max_new_tokens {
+                break;
+            }
+            if keep.len() < active.len() {
+                cache::compact(&mut cache, &keep, &self.device)?;
+                active = keep.iter().map(|&r| active[r]).collect();
+                pads = keep.iter().map(|&r| pads[r]).collect();
+            }
+            // One decode step for every active sequence.
+            let last: Vec<u32> = active
+                .iter()
+                .map(|&i| *out[i].tokens.last().expect("token just pushed"))
+                .collect();
+            let positions: Vec<usize> = active.iter().map(|&i| prompts[i].len() + step).collect();
+            logits = self.decode_step(&w, &mut cache, &last, &positions, &pads, p_len + step)?;
+        }
+        Ok(out)
+    }
+
+    /// Checks [`Policy::generate`]'s arguments; returns the temperature the
+    /// log-probs are reported at.
+    fn check_generate(
+        &self,
+        prompts: &[Vec<u32>],
+        opts: &GenerateOptions,
+        constraints: Option<&[TokenTrie]>,
+    ) -> Result<f64> {
+        let vocab = self.cfg.vocab_size;
+        if let Some(c) = constraints {
+            if c.len() != prompts.len() {
+                return Err(ModelError::InvalidArgument(format!(
+                    "generate: {} prompts but {} constraint tries",
+                    prompts.len(),
+                    c.len()
+                )));
+            }
+        }
+        if opts.eos_token_id as usize >= vocab {
+            return Err(ModelError::InvalidArgument(format!(
+                "generate: eos id {} outside the vocabulary",
+                opts.eos_token_id
+            )));
+        }
+        let temperature = if opts.temperature.is_finite() && opts.temperature > 0.0 {
+            opts.temperature
+        } else if opts.greedy {
+            1.0
+        } else {
+            return Err(ModelError::InvalidArgument(format!(
+                "generate: temperature must be > 0 when sampling, got {}",
+                opts.temperature
+            )));
+        };
+        if let Some(i) = prompts.iter().position(|p| p.is_empty()) {
+            return Err(ModelError::InvalidArgument(format!(
+                "generate: prompt {i} is empty"
+            )));
+        }
+        Ok(temperature)
+    }
+
+    /// Prefills the prompts `active` (indices into `prompts`, longest
+    /// first) chunk by chunk into one cache of `capacity` columns per
+    /// layer, prompts ending at column `p_len`; returns it with the last
+    /// position's logits, rows in `active` order.
+    fn prefill_batch(
+        &self,
+        w: &Weights,
+        prompts: &[Vec<u32>],
+        active: &[usize],
+        p_len: usize,
+        capacity: usize,
+    ) -> Result<(Vec<LayerCache>, Tensor)> {
+        let lens: Vec<usize> = active.iter().map(|&i| prompts[i].len()).collect();
+        let mut caches: Vec<Vec<LayerCache>> = Vec::new();
+        let mut logits_parts = Vec::new();
+        for chunk in self.plan_chunks(&lens) {
+            let chunk_prompts: Vec<&[u32]> = active[chunk]
+                .iter()
+                .map(|&i| prompts[i].as_slice())
+                .collect();
+            let (c, l) = self.prefill(w, &chunk_prompts, p_len, capacity)?;
+            caches.push(c);
+            logits_parts.push(l);
+        }
+        let cache = cache::concat(caches, self.cfg.num_hidden_layers)?;
+        Ok((cache, Tensor::cat(&logits_parts, 0)?))
+    }
+
+    /// One decode step for every active sequence: feeds each row's `last`
+    /// token at rotary position `positions[r]`, writes its keys/values at
+    /// cache column `off`, and returns the next logits. `pads[r]`: left
+    /// padding of row `r` in the cache.
+    fn decode_step(
+        &self,
+        w: &Weights,
+        cache: &mut [LayerCache],
+        last: &[u32],
+        positions: &[usize],
+        pads: &[usize],
+        off: usize,
+    ) -> Result<Tensor> {
+        let b = last.len();
+        let rope = self.rope_tables(positions, b, 1);
+        // Columns before every active sequence's first real token are
+        // skipped outright; the rest of the padding is masked.
+        let from = pads.iter().copied().min().unwrap_or(0);
+        let s = off + 1 - from;
+        let mut mask = vec![0f32; b * s];
+        for (r, &pad) in pads.iter().enumerate() {
+            mask[r * s..r * s + pad - from].fill(MASKED);
+        }
+        let mask = Tensor::from_vec(mask, (b, 1, 1, 1, s), &self.device)?;
+        let mut x = self.embed(w, last)?;
+        for (lw, c) in w.layers.iter().zip(cache.iter_mut()) {
+            x = self.block(
+                lw,
+                &x,
+                b,
+                1,
+                &rope,
+                AttnMask::Additive(&mask),
+                Some((c, off, from)),
+            )?;
+        }
+        self.head(w, &x)
+    }
+
+    /// Next-token logits (unscaled, full vocabulary) after each prompt, on
+    /// detached weights: for diagnostics such as the guidance influence
+    /// ‖logit(·|s, g) − logit(·|s)‖.
+    pub fn next_logits(&self, prompts: &[Vec<u32>]) -> Result<Vec<Vec<f32>>> {
+        if let Some(i) = prompts.iter().position(|p| p.is_empty()) {
+            return Err(ModelError::InvalidArgument(format!(
+                "next_logits: prompt {i} is empty"
+            )));
+        }
+        let w = self.inference_weights()?;
+        // One prompt at a time: no padding, so the logits are exactly those
+        // of the unpadded sequence.
+        prompts
+            .iter()
+            .map(|p| {
+                let (_, logits) = self.prefill(&w, &[p.as_slice()], p.len(), p.len())?;
+                Ok(logits.squeeze(0)?.to_vec1::<f32>()?)
+            })
+            .collect()
+    }
+
+    /// Prefills `prompts`, left-padded to their own longest length `t`,
+    /// into fresh caches of `capacity` columns, written right-aligned so the
+    /// prompts end at column `p_len` (columns before `p_len - t` stay zero
+    /// and count as padding); returns the caches and the last position's
+    /// logits.
+    fn prefill(
+        &self,
+        w: &Weights,
+        prompts: &[&[u32]],
+        p_len: usize,
+        capacity: usize,
+    ) -> Result<(Vec<LayerCache>, Tensor)> {
+        let b = prompts.len();
+        let t = prompts.iter().map(|p| p.len()).max().unwrap_or(1);
+        let off = p_len - t;
+        let pad_id = self.cfg.pad_token_id.unwrap_or(0);
+        let mut ids = vec![pad_id; b * t];
+        let mut positions = vec![0usize; b * t];
+        // Row r, query i may see column j iff j <= i and j is a real token;
+        // pad queries see themselves (keeps every row finite; their outputs
+        // are never read).
+        let mut mask = vec![MASKED; b * t * t];
+        for (r, p) in prompts.iter().enumerate() {
+            let pad = t - p.len();
+            ids[r * t + pad..(r + 1) * t].copy_from_slice(p);
+            for i in 0..t {
+                positions[r * t + i] = i.saturating_sub(pad);
+                let row = &mut mask[(r * t + i) * t..(r * t + i + 1) * t];
+                if i < pad {
+                    row[i] = 0.0;
+                } else {
+                    row[pad..=i].fill(0.0);
+                }
+            }
+        }
+        let rope = self.rope_tables(&positions, b, t);
+        let mask = Tensor::from_vec(mask, (b, 1, 1, t, t), &self.device)?;
+        let (nkv, hd) = (self.cfg.num_key_value_heads, self.cfg.head_dim());
+        let mut cache = Vec::with_capacity(w.layers.len());
+        let mut x = self.embed(w, &ids)?;
+        for lw in &w.layers {
+            let mut c = LayerCache::zeros(b, nkv, capacity, hd, &self.device)?;
+            x = self.block(
+                lw,
+                &x,
+                b,
+                t,
+                &rope,
+                AttnMask::Additive(&mask),
+                Some((&mut c, off, off)),
+            )?;
+            cache.push(c);
+        }
+        let last = x
+            .reshape((b, t, self.cfg.hidden_size))?
+            .narrow(1, t - 1, 1)?
+            .squeeze(1)?;
+        let logits = self.head(w, &last)?;
+        Ok((cache, logits))
+    }
+}
+
+/// Samples one token for every active sequence (rows of `logits`, in
+/// `active` order, `active[r]` indexing `out`), in row order from `rng`,
+/// and returns the rows that did not emit eos.
+fn sample_step(
+    sampler: &Sampler,
+    logits: &Tensor,
+    active: &[usize],
+    constraints: Option<&[TokenTrie]>,
+    out: &mut [Generated],
+    rng: &mut ChaCha8Rng,
+) -> Result<Vec<usize>> {
+    let rows: Vec<Vec<f32>> = logits.to_vec2()?;
+    let mut keep = Vec::with_capacity(active.len());
+    for (row, &i) in active.iter().enumerate() {
+        let allowed: Option<Vec<u32>> = constraints.map(|tries| {
+            let mut a = tries[i].allowed(&out[i].tokens);
+            if a.is_empty() {
+                // Empty trie: nothing but eos is admissible.
+                a.push(sampler.eos);
+            }
+            a
+        });
+        let (tok, lp) = sampler.pick(&rows[row], allowed.as_deref(), rng);
+        out[i].tokens.push(tok);
+        out[i].logprobs.push(lp);
+        if tok == sampler.eos {
+            out[i].finished = true;
+        } else {
+            keep.push(row);
+        }
+    }
+    Ok(keep)
+}

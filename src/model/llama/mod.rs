@@ -1,0 +1,164 @@
+//! The policy: a Llama-style decoder (HF `LlamaForCausalLM`,
+//! `Qwen2ForCausalLM` and `Qwen3ForCausalLM` layouts and weight names) with
+//! a differentiable scoring path for training and a batched, KV-cached
+//! generation path for rollouts.
+//!
+//! Architecture: token embedding, `num_hidden_layers` blocks of
+//! (RMSNorm → grouped-query attention with rotary embeddings in the HF
+//! rotate-half layout → residual, RMSNorm → SwiGLU MLP → residual), final
+//! RMSNorm, LM head (tied to the embedding or its own `lm_head.weight`).
+//! The [`Arch`] adds, per family: q/k/v(/o) projection biases (Qwen2, or
+//! `attention_bias`), per-head RMSNorm of q and k before rotary (Qwen3),
+//! and rescaled rotary frequencies (`rope_scaling`). Both paths (scoring
+//! and generation) run the same block code, so they cannot diverge by
+//! architecture.
+//!
+//! Everything runs in f32. The training path never uses candle's fused
+//! kernels (`softmax_last_dim`, `rms_norm`, `rope*`, `sdpa`): they have no
+//! backward pass and candle silently drops the gradient through them.
+//! Instead it uses this module's own fused CPU kernels *with* backward
+//! passes (`ops`: causal softmax, RMSNorm, rotary, SwiGLU, target
+//! log-prob + entropy), which fall back to composite candle ops on other
+//! devices. Generation runs on detached weights and may use candle's
+//! forward-only kernels.
+//!
+//! Both paths run the trunk in chunks of sequences (longest first) so that
+//! no activation grows past a few MB (see `CHUNK_BUDGET` in the source).
+//!
+//! Files, one concept each:
+//! - `weights`: the parameter tensors (`Weights`, `LayerW`), their HF
+//!   names and shapes (names from [`crate::model::names`]) and the
+//!   constructors that check a checkpoint against them;
+//! - `block`: the trunk shared by both paths (embedding, decoder block =
+//!   attention + MLP, final norm and head, chunk planning);
+//! - `score`: the differentiable scoring path ([`Policy::score`]);
+//! - `cache`: the per-layer KV cache of a generation batch;
+//! - `generate`: batched, KV-cached generation ([`Policy::generate`]):
+//!   prefill, decode steps, cache compaction; token choice is
+//!   `crate::model::sampler`'s.
+//!
+//! LoRA adapters on the policy live in [`crate::model::lora`], HF
+//! safetensors I/O in [`crate::model::hf`], GGUF I/O in
+//! [`crate::model::gguf`].
+
+use std::sync::Mutex;
+
+use candle_core::{Device, Tensor, Var};
+use rand_chacha::ChaCha8Rng;
+
+use super::config::{Arch, ModelConfig};
+use super::error::Result;
+use super::lora::LoraConfig;
+
+mod block;
+mod cache;
+mod generate;
+mod score;
+mod weights;
+
+pub(in crate::model) use block::linear;
+pub use generate::{GenerateOptions, Generated};
+pub use score::{ScoreBatch, ScoreOutput};
+pub(crate) use weights::{Adapter, LayerW, Weights};
+
+/// The policy model. Trainable instances hold candle [`Var`]s (updated in
+/// place by the optimiser); [`Policy::frozen_copy`] instances hold plain,
+/// detached tensors.
+///
+/// The fields are visible to the rest of `model/` because the LoRA, HF and
+/// GGUF code (`lora`, `hf`, `gguf`) add their own `impl Policy` blocks.
+pub struct Policy {
+    pub(in crate::model) cfg: ModelConfig,
+    pub(in crate::model) arch: Arch,
+    pub(in crate::model) device: Device,
+    pub(in crate::model) w: Weights,
+    /// Sorted by name; empty for frozen copies.
+    pub(in crate::model) vars: Vec<(String, Var)>,
+    /// Rotary inverse frequencies, `head_dim / 2` of them, computed in f32
+    /// like HF does.
+    pub(in crate::model) inv_freq: Vec<f32>,
+    /// LoRA settings when adapters are attached (then `vars` holds only
+    /// the adapters and the base weights are detached).
+    pub(in crate::model) lora: Option<LoraConfig>,
+    /// Source of LoRA dropout masks for the next [`Policy::score`] calls
+    /// (see [`Policy::set_dropout_seed`]); `None`: no dropout.
+    pub(in crate::model) dropout_rng: Mutex<Option<ChaCha8Rng>>,
+}
+
+impl std::fmt::Debug for Policy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Policy")
+            .field("cfg", &self.cfg)
+            .field("arch", &self.arch)
+            .field("device", &self.device)
+            .field("num_params", &self.num_params())
+            .field("trainable", &!self.vars.is_empty())
+            .field("lora", &self.lora)
+            .finish()
+    }
+}
+
+impl Policy {
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    /// The architecture variant (family, biases, rope scaling).
+    pub fn arch(&self) -> &Arch {
+        &self.arch
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Trainable parameters, sorted by HF name (what the optimiser updates;
+    /// empty for a frozen copy). With tied embeddings the head is
+    /// `model.embed_tokens.weight` and appears once.
+    pub fn named_vars(&self) -> Vec<(String, Var)> {
+        self.vars.clone()
+    }
+
+    /// All base weights (trainable or not), sorted by HF name; LoRA
+    /// adapters are in [`Policy::adapter_tensors`]. The tensors share
+    /// storage with the model.
+    pub fn named_tensors(&self) -> Vec<(String, Tensor)> {
+        self.w.named()
+    }
+
+    /// True for policies holding `Var`s (not a frozen copy).
+    pub fn is_trainable(&self) -> bool {
+        !self.vars.is_empty()
+    }
+
+    /// Deep copy with detached weights: later optimiser steps on `self` do
+    /// not affect it, and scoring it builds no autograd graph. Used as the
+    /// frozen KL reference.
+    pub fn frozen_copy(&self) -> Result<Policy> {
+        let w = self.w.map(&|t| Ok(t.detach().copy()?))?;
+        Ok(Policy {
+            cfg: self.cfg.clone(),
+            arch: self.arch.clone(),
+            device: self.device.clone(),
+            w,
+            vars: Vec::new(),
+            inv_freq: self.inv_freq.clone(),
+            lora: self.lora.clone(),
+            dropout_rng: Mutex::new(None),
+        })
+    }
+
+    /// Number of scalar parameters (tied head counted once).
+    pub fn num_params(&self) -> usize {
+        self.w.named().iter().map(|(_, t)| t.elem_count()).sum()
+    }
+
+    /// Number of trainable scalars: every weight for full training, the
+    /// adapters alone under LoRA, 0 for a frozen copy.
+    pub fn num_trainable_params(&self) -> usize {
+        self.vars.iter().map(|(_, v)| v.elem_count()).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,181 @@
+//! The training path: differentiable log-probs and entropies of target
+//! tokens ([`Policy::score`]).
+
+use candle_core::{DType, Tensor};
+
+use super::block::AttnMask;
+use super::Policy;
+use crate::model::error::{ModelError, Result};
+use crate::model::ops;
+
+/// Sequences to score, right-padded internally.
+#[derive(Debug, Clone, Default)]
+pub struct ScoreBatch {
+    /// Full token sequences (prompt + completion).
+    pub seqs: Vec<Vec<u32>>,
+    /// `targets[i]`: positions `p` (`1 <= p < seqs[i].len()`) whose token
+    /// `seqs[i][p]` is scored given `seqs[i][..p]`, in the order they should
+    /// appear in the output.
+    pub targets: Vec<Vec<usize>>,
+    /// Logits are divided by this before the softmax; use the sampling
+    /// temperature so scores match the behaviour log-probs.
+    pub temperature: f64,
+}
+
+impl ScoreBatch {
+    /// Total number of scored tokens (`N` in [`ScoreOutput`]).
+    pub fn num_targets(&self) -> usize {
+        self.targets.iter().map(Vec::len).sum()
+    }
+}
+
+/// Result of [`Policy::score`]; both tensors are part of the autograd graph
+/// when the policy is trainable.
+#[derive(Debug, Clone)]
+pub struct ScoreOutput {
+    /// `(N,)` f32: log-prob of each target token, targets flattened in order
+    /// (sequence 0's targets, then sequence 1's, ...).
+    pub logp: Tensor,
+    /// `(N,)` f32: entropy of the full next-token distribution (at the same
+    /// temperature) at each target.
+    pub entropy: Tensor,
+}
+
+impl Policy {
+    /// Log-probs (and entropies) of the target tokens, differentiable with
+    /// respect to every parameter.
+    ///
+    /// Sequences are right-padded (a causal mask suffices: real positions
+    /// never see the padding after them) and truncated after their last
+    /// target's context, the trunk runs once, and only the hidden rows that
+    /// predict a target are gathered before the final norm and LM head, so
+    /// the `(N, vocab)` logits are the only vocabulary-sized activations.
+    pub fn score(&self, batch: &ScoreBatch) -> Result<ScoreOutput> {
+        let rows = self.score_rows(batch)?;
+        let n_targets = batch.num_targets();
+        if n_targets == 0 {
+            let empty = Tensor::zeros(0, DType::F32, &self.device)?;
+            return Ok(ScoreOutput {
+                logp: empty.clone(),
+                entropy: empty,
+            });
+        }
+        let hidden = self.target_hidden(batch, &rows, n_targets)?;
+        let w = &self.w;
+        let tgt: Vec<u32> = batch
+            .seqs
+            .iter()
+            .zip(&batch.targets)
+            .flat_map(|(s, tg)| tg.iter().map(move |&p| s[p]))
+            .collect();
+        let logits = self.head(w, &hidden)?;
+        let both = ops::logp_entropy(&logits, &tgt, 1.0 / batch.temperature)?;
+        let logp = both.narrow(1, 0, 1)?.squeeze(1)?.contiguous()?;
+        let entropy = both.narrow(1, 1, 1)?.squeeze(1)?.contiguous()?;
+        Ok(ScoreOutput { logp, entropy })
+    }
+
+    /// Checks `batch`; returns the rows that have targets as (sequence,
+    /// length of the sequence they need: up to their last target).
+    fn score_rows(&self, batch: &ScoreBatch) -> Result<Vec<(usize, usize)>> {
+        if batch.seqs.len() != batch.targets.len() {
+            return Err(ModelError::InvalidArgument(format!(
+                "score: {} sequences but {} target lists",
+                batch.seqs.len(),
+                batch.targets.len()
+            )));
+        }
+        if !(batch.temperature.is_finite() && batch.temperature > 0.0) {
+            return Err(ModelError::InvalidArgument(format!(
+                "score: temperature must be > 0, got {}",
+                batch.temperature
+            )));
+        }
+        let mut rows: Vec<(usize, usize)> = Vec::new();
+        for (i, (s, tg)) in batch.seqs.iter().zip(&batch.targets).enumerate() {
+            for &p in tg {
+                if p == 0 || p >= s.len() {
+                    return Err(ModelError::InvalidArgument(format!(
+                        "score: target position {p} out of range 1..{} in sequence {i}",
+                        s.len()
+                    )));
+                }
+                if s[p] as usize >= self.cfg.vocab_size {
+                    return Err(ModelError::InvalidArgument(format!(
+                        "token id {} outside the vocabulary (vocab_size {})",
+                        s[p], self.cfg.vocab_size
+                    )));
+                }
+            }
+            if let Some(&maxp) = tg.iter().max() {
+                rows.push((i, maxp));
+            }
+        }
+        Ok(rows)
+    }
+
+    /// Runs the trunk over `rows` (see [`Policy::score_rows`]) chunk by
+    /// chunk, longest first, and returns the pre-norm hidden rows that
+    /// predict the `n_targets` targets, in output order.
+    fn target_hidden(
+        &self,
+        batch: &ScoreBatch,
+        rows: &[(usize, usize)],
+        n_targets: usize,
+    ) -> Result<Tensor> {
+        // Output offset of each row's first target.
+        let mut first = Vec::with_capacity(rows.len());
+        let mut acc = 0usize;
+        for &(i, _) in rows {
+            first.push(acc);
+            acc += batch.targets[i].len();
+        }
+        // Longest first, so each chunk is padded only to its own longest.
+        let mut order: Vec<usize> = (0..rows.len()).collect();
+        order.sort_by_key(|&r| std::cmp::Reverse(rows[r].1));
+        let lens: Vec<usize> = order.iter().map(|&r| rows[r].1).collect();
+        let w = &self.w;
+        let mut parts = Vec::new();
+        // gathered[k] = output position of the k-th gathered hidden row.
+        let mut gathered = Vec::with_capacity(n_targets);
+        for chunk in self.plan_chunks(&lens) {
+            let rs = &order[chunk];
+            let (b, t) = (rs.len(), rows[rs[0]].1);
+            let mut ids = vec![0u32; b * t];
+            let mut sel = Vec::new();
+            for (k, &r) in rs.iter().enumerate() {
+                let (i, len) = rows[r];
+                ids[k * t..k * t + len].copy_from_slice(&batch.seqs[i][..len]);
+                for (j, &p) in batch.targets[i].iter().enumerate() {
+                    sel.push((k * t + p - 1) as u32);
+                    gathered.push(first[r] + j);
+                }
+            }
+            let mut x = self.embed(w, &ids)?;
+            let positions: Vec<usize> = (0..t).collect();
+            let rope = self.rope_tables(&positions, 1, t);
+            for lw in &w.layers {
+                x = self.block(lw, &x, b, t, &rope, AttnMask::Causal, None)?;
+            }
+            let n_sel = sel.len();
+            parts.push(x.index_select(&Tensor::from_vec(sel, n_sel, &self.device)?, 0)?);
+        }
+        let hidden = if parts.len() == 1 {
+            parts.pop().expect("one part")
+        } else {
+            Tensor::cat(&parts, 0)?
+        };
+        // Back to output order (targets flattened sequence by sequence).
+        let mut perm = vec![0u32; n_targets];
+        for (k, &o) in gathered.iter().enumerate() {
+            perm[o] = k as u32;
+        }
+        let is_identity = perm.iter().enumerate().all(|(k, &p)| p as usize == k);
+        let hidden = if is_identity {
+            hidden
+        } else {
+            hidden.index_select(&Tensor::from_vec(perm, n_targets, &self.device)?, 0)?
+        };
+        Ok(hidden)
+    }
+}

@@ -1,0 +1,255 @@
+//! Scoring: gradients, fused vs composite kernels, the reference forward,
+//! edge cases, and candle-transformers' Llama.
+
+use super::reference::*;
+use super::*;
+
+#[test]
+fn every_parameter_gets_a_gradient() {
+    for tied in [true, false] {
+        let p = policy(tied, 1);
+        let mut rng = ChaCha8Rng::seed_from_u64(2);
+        let seqs = vec![rand_seq(&mut rng, 9, 50), rand_seq(&mut rng, 5, 50)];
+        let batch = ScoreBatch {
+            seqs,
+            targets: vec![vec![3, 8, 1], vec![4]],
+            temperature: 1.0,
+        };
+        let out = p.score(&batch).unwrap();
+        let loss = (out.logp.sum_all().unwrap() + out.entropy.sum_all().unwrap()).unwrap();
+        let grads = loss.backward().unwrap();
+        let vars = p.named_vars();
+        let expected = if tied {
+            1 + 1 + 2 * 9
+        } else {
+            1 + 1 + 1 + 2 * 9
+        };
+        assert_eq!(vars.len(), expected);
+        assert!(vars.windows(2).all(|w| w[0].0 < w[1].0), "sorted names");
+        assert_eq!(vars.iter().any(|(n, _)| n == "lm_head.weight"), !tied);
+        for (name, var) in &vars {
+            let g = grads
+                .get(var.as_tensor())
+                .unwrap_or_else(|| panic!("no grad for {name} (tied={tied})"));
+            assert_eq!(g.dims(), var.as_tensor().dims());
+            let norm: f32 = g.sqr().unwrap().sum_all().unwrap().to_scalar().unwrap();
+            assert!(norm > 0.0 && norm.is_finite(), "{name}: grad norm {norm}");
+        }
+        // The logp part alone also reaches everything.
+        let grads = out.logp.sum_all().unwrap().backward().unwrap();
+        for (name, var) in &vars {
+            assert!(grads.get(var.as_tensor()).is_some(), "{name}");
+        }
+    }
+}
+
+/// The composite (non-CPU) fallbacks of the fused kernels give the same
+/// scores and gradients as the fused CPU kernels, through the whole model,
+/// also when the trunk runs in several chunks.
+#[test]
+fn fused_and_composite_paths_agree() {
+    let p = policy(false, 23);
+    let mut rng = ChaCha8Rng::seed_from_u64(24);
+    let batch = ScoreBatch {
+        seqs: vec![
+            rand_seq(&mut rng, 9, 50),
+            rand_seq(&mut rng, 13, 50),
+            rand_seq(&mut rng, 4, 50),
+        ],
+        targets: vec![vec![3, 8], vec![12, 1, 6], vec![2, 3]],
+        temperature: 0.9,
+    };
+    let run = |composite: bool, chunk: Option<usize>| {
+        super::ops::FORCE_COMPOSITE.with(|c| c.set(composite));
+        CHUNK_BUDGET_OVERRIDE.with(|c| c.set(chunk));
+        let out = p.score(&batch).unwrap();
+        let loss = (out.logp.sum_all().unwrap() + (out.entropy.sum_all().unwrap() * 0.3).unwrap())
+            .unwrap();
+        let grads = loss.backward().unwrap();
+        super::ops::FORCE_COMPOSITE.with(|c| c.set(false));
+        CHUNK_BUDGET_OVERRIDE.with(|c| c.set(None));
+        let mut flat: Vec<f32> = out.logp.to_vec1().unwrap();
+        flat.extend(out.entropy.to_vec1::<f32>().unwrap());
+        for (name, v) in p.named_vars() {
+            let g = grads
+                .get(v.as_tensor())
+                .unwrap_or_else(|| panic!("no grad for {name}"));
+            flat.extend(g.flatten_all().unwrap().to_vec1::<f32>().unwrap());
+        }
+        flat
+    };
+    let fused = run(false, None);
+    for (composite, chunk) in [(true, None), (false, Some(1)), (true, Some(1))] {
+        let other: Vec<f64> = run(composite, chunk).into_iter().map(f64::from).collect();
+        assert_close(
+            &fused,
+            &other,
+            2e-4,
+            &format!("composite={composite} chunk={chunk:?}"),
+        );
+    }
+    // Generation through the composite path gives the same greedy tokens.
+    let prompts = prompts_of(&[5, 9, 2], 25);
+    let o = opts(5, 1.0, 1.0, true);
+    let a = p.generate(&prompts, &o, None, &mut rng).unwrap();
+    super::ops::FORCE_COMPOSITE.with(|c| c.set(true));
+    let b = p.generate(&prompts, &o, None, &mut rng);
+    super::ops::FORCE_COMPOSITE.with(|c| c.set(false));
+    let b = b.unwrap();
+    for (x, y) in a.iter().zip(&b) {
+        assert_eq!(x.tokens, y.tokens);
+        let yl: Vec<f64> = y.logprobs.iter().map(|&v| v as f64).collect();
+        assert_close(&x.logprobs, &yl, 1e-5, "composite generation");
+    }
+}
+
+#[test]
+fn score_matches_reference_forward() {
+    for tied in [true, false] {
+        let p = policy(tied, 3);
+        let host = HostModel::new(&p);
+        let mut rng = ChaCha8Rng::seed_from_u64(4);
+        let seqs: Vec<Vec<u32>> = [7usize, 13, 2, 10]
+            .iter()
+            .map(|&l| rand_seq(&mut rng, l, 50))
+            .collect();
+        // Arbitrary order, repeats, a sequence without targets.
+        let targets = vec![vec![6, 1, 3], vec![12, 5, 5, 1, 9], vec![1], vec![]];
+        for temp in [1.0, 0.7] {
+            let batch = ScoreBatch {
+                seqs: seqs.clone(),
+                targets: targets.clone(),
+                temperature: temp,
+            };
+            let (logp, ent) = score_vec(&p, &batch);
+            let mut want_lp = Vec::new();
+            let mut want_ent = Vec::new();
+            for (s, tg) in seqs.iter().zip(&targets) {
+                let logits = host.logits(s);
+                for &pos in tg {
+                    let ls = HostModel::log_softmax(&logits[pos - 1], temp);
+                    want_lp.push(ls[s[pos] as usize]);
+                    want_ent.push(-ls.iter().map(|l| l.exp() * l).sum::<f64>());
+                }
+            }
+            assert_close(&logp, &want_lp, 1e-5, &format!("logp tied={tied} T={temp}"));
+            // One chunk per sequence (sorted by length, output re-ordered).
+            CHUNK_BUDGET_OVERRIDE.with(|c| c.set(Some(1)));
+            let (logp_c, ent_c) = score_vec(&p, &batch);
+            CHUNK_BUDGET_OVERRIDE.with(|c| c.set(None));
+            assert_close(&logp_c, &want_lp, 1e-5, "chunked logp");
+            assert_close(&ent_c, &want_ent, 1e-5, "chunked entropy");
+            assert_close(
+                &ent,
+                &want_ent,
+                1e-5,
+                &format!("entropy tied={tied} T={temp}"),
+            );
+            // Batch composition does not matter: each sequence alone.
+            let mut k = 0;
+            for (s, tg) in seqs.iter().zip(&targets) {
+                let single = ScoreBatch {
+                    seqs: vec![s.clone()],
+                    targets: vec![tg.clone()],
+                    temperature: temp,
+                };
+                let (lp1, _) = score_vec(&p, &single);
+                let want: Vec<f64> = logp[k..k + tg.len()].iter().map(|&x| x as f64).collect();
+                assert_close(&lp1, &want, 1e-5, "alone vs batched");
+                k += tg.len();
+            }
+        }
+    }
+}
+
+#[test]
+fn score_edge_cases() {
+    let p = policy(true, 5);
+    let out = p
+        .score(&ScoreBatch {
+            seqs: vec![vec![3, 4]],
+            targets: vec![vec![]],
+            temperature: 1.0,
+        })
+        .unwrap();
+    assert_eq!(out.logp.dims(), &[0]);
+    for bad in [
+        ScoreBatch {
+            seqs: vec![vec![3, 4]],
+            targets: vec![vec![2]],
+            temperature: 1.0,
+        },
+        ScoreBatch {
+            seqs: vec![vec![3, 4]],
+            targets: vec![vec![0]],
+            temperature: 1.0,
+        },
+        ScoreBatch {
+            seqs: vec![vec![3, 4]],
+            targets: vec![vec![1]],
+            temperature: 0.0,
+        },
+        ScoreBatch {
+            seqs: vec![vec![3, 99]],
+            targets: vec![vec![1]],
+            temperature: 1.0,
+        },
+        ScoreBatch {
+            seqs: vec![vec![3, 4]],
+            targets: vec![],
+            temperature: 1.0,
+        },
+    ] {
+        assert!(matches!(p.score(&bad), Err(ModelError::InvalidArgument(_))));
+    }
+}
+
+/// Cross-check against candle-transformers' Llama (HF conventions for
+/// rotary layout, GQA head mapping, tied head).
+#[test]
+fn matches_candle_transformers_llama() {
+    use candle_transformers::models::llama as ct;
+    for tied in [true, false] {
+        let p = policy(tied, 6);
+        let cfg_json = serde_json::to_string(p.config()).unwrap();
+        let lc: ct::LlamaConfig = serde_json::from_str(&cfg_json).unwrap();
+        let cc = lc.into_config(false);
+        let map: HashMap<String, Tensor> = p.named_tensors().into_iter().collect();
+        let vb = candle_nn::VarBuilder::from_tensors(map, DType::F32, &Device::Cpu);
+        let model = ct::Llama::load(vb, &cc).unwrap();
+        let mut rng = ChaCha8Rng::seed_from_u64(7);
+        let seq = rand_seq(&mut rng, 11, 50);
+        let targets: Vec<usize> = (1..seq.len()).collect();
+        let (logp, _) = score_vec(
+            &p,
+            &ScoreBatch {
+                seqs: vec![seq.clone()],
+                targets: vec![targets.clone()],
+                temperature: 1.0,
+            },
+        );
+        let mut want = Vec::new();
+        for &pos in &targets {
+            let mut cache = ct::Cache::new(false, DType::F32, &cc, &Device::Cpu).unwrap();
+            let x = Tensor::new(&seq[..pos], &Device::Cpu)
+                .unwrap()
+                .unsqueeze(0)
+                .unwrap();
+            let l: Vec<f32> = model
+                .forward(&x, 0, &mut cache)
+                .unwrap()
+                .squeeze(0)
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            let l: Vec<f64> = l.into_iter().map(f64::from).collect();
+            want.push(HostModel::log_softmax(&l, 1.0)[seq[pos] as usize]);
+        }
+        assert_close(
+            &logp,
+            &want,
+            1e-4,
+            &format!("vs candle-transformers tied={tied}"),
+        );
+    }
+}

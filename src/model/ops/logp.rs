@@ -1,0 +1,166 @@
+//! Target log-prob and entropy straight from the logits, with their
+//! backward, without an `(n, vocab)` log-softmax in the graph.
+
+use std::sync::Arc;
+
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor, D};
+
+use super::{f32_slice, fused, par_rows};
+use crate::model::error::{ModelError, Result};
+
+/// For logits `(n, vocab)`, targets (`n` ids) and `scale = 1 / temperature`:
+/// returns `(n, 2)` with column 0 = `log softmax(scale * logits)[target]`
+/// and column 1 = the entropy of `softmax(scale * logits)`.
+/// Differentiable in the logits; never materialises an `(n, vocab)`
+/// log-softmax in the graph (only the logits and their gradient).
+pub(crate) fn logp_entropy(logits: &Tensor, targets: &[u32], scale: f64) -> Result<Tensor> {
+    let (n, v) = logits.dims2()?;
+    if targets.len() != n {
+        return Err(ModelError::InvalidArgument(format!(
+            "logp-entropy: {n} rows but {} targets",
+            targets.len()
+        )));
+    }
+    if let Some(bad) = targets.iter().find(|&&t| t as usize >= v) {
+        return Err(ModelError::InvalidArgument(format!(
+            "logp-entropy: target {bad} outside vocab {v}"
+        )));
+    }
+    if fused(logits.device()) {
+        return Ok(logits.contiguous()?.apply_op1(LogpEntropy {
+            targets: Arc::new(targets.to_vec()),
+            scale: scale as f32,
+        })?);
+    }
+    logp_entropy_composite(logits, targets, scale)
+}
+
+pub(crate) fn logp_entropy_composite(
+    logits: &Tensor,
+    targets: &[u32],
+    scale: f64,
+) -> Result<Tensor> {
+    let n = targets.len();
+    let z = logits.affine(scale, 0.0)?;
+    let max = z.max_keepdim(D::Minus1)?.detach();
+    let d = z.broadcast_sub(&max)?;
+    let lse = d.exp()?.sum_keepdim(D::Minus1)?.log()?;
+    let logp_all = d.broadcast_sub(&lse)?;
+    let tgt = Tensor::from_vec(targets.to_vec(), (n, 1), logits.device())?;
+    let logp = logp_all.gather(&tgt, 1)?;
+    let ent = (logp_all.exp()? * &logp_all)?.sum_keepdim(1)?.neg()?;
+    Ok(Tensor::cat(&[&logp, &ent], 1)?)
+}
+
+/// Per row: max, `lse = ln sum exp(z - max)` (accumulated in f64), and
+/// `sum p * (z - max)`, with `z = scale * logits`.
+fn row_stats(row: &[f32], scale: f32) -> (f32, f64, f64) {
+    let m = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v * scale));
+    let mut sum = 0f64;
+    let mut wsum = 0f64;
+    for &v in row {
+        let d = v * scale - m;
+        let e = d.exp() as f64;
+        sum += e;
+        wsum += e * d as f64;
+    }
+    (m, sum.ln(), wsum / sum)
+}
+
+struct LogpEntropy {
+    targets: Arc<Vec<u32>>,
+    scale: f32,
+}
+
+impl CustomOp1 for LogpEntropy {
+    fn name(&self) -> &'static str {
+        "actguide-logp-entropy"
+    }
+
+    fn cpu_fwd(
+        &self,
+        storage: &CpuStorage,
+        layout: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let x = f32_slice(storage, layout, self.name())?;
+        let (n, v) = layout.shape().dims2()?;
+        let scale = self.scale;
+        let targets = &self.targets[..];
+        let mut out = vec![0f32; n * 2];
+        par_rows(&mut out, 2, |r, o| {
+            let row = &x[r * v..(r + 1) * v];
+            let (m, lse, mean_d) = row_stats(row, scale);
+            let dt = (row[targets[r] as usize] * scale - m) as f64;
+            o[0] = (dt - lse) as f32;
+            // H = -sum p (d - lse) = lse - sum p d
+            o[1] = (lse - mean_d) as f32;
+        });
+        Ok((CpuStorage::F32(out), Shape::from((n, 2))))
+    }
+
+    fn bwd(
+        &self,
+        arg: &Tensor,
+        res: &Tensor,
+        grad_res: &Tensor,
+    ) -> candle_core::Result<Option<Tensor>> {
+        // Pack [grad_logp, grad_entropy, entropy] per row for the kernel.
+        let g = grad_res.contiguous()?;
+        let ent = res.narrow(1, 1, 1)?;
+        let packed = Tensor::cat(&[&g, &ent], 1)?;
+        Ok(Some(arg.contiguous()?.apply_op2_no_bwd(
+            &packed,
+            &LogpEntropyBwd {
+                targets: self.targets.clone(),
+                scale: self.scale,
+            },
+        )?))
+    }
+}
+
+/// `d logits = scale * (g_lp * (onehot - p) - g_h * p * (log p + H))`.
+struct LogpEntropyBwd {
+    targets: Arc<Vec<u32>>,
+    scale: f32,
+}
+
+impl CustomOp2 for LogpEntropyBwd {
+    fn name(&self) -> &'static str {
+        "actguide-logp-entropy-bwd"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let x = f32_slice(s1, l1, self.name())?;
+        let gp = f32_slice(s2, l2, self.name())?;
+        let (n, v) = l1.shape().dims2()?;
+        if l2.shape().dims2()? != (n, 3) {
+            candle_core::bail!(
+                "logp-entropy-bwd: bad shapes {:?} {:?}",
+                l1.shape(),
+                l2.shape()
+            );
+        }
+        let scale = self.scale;
+        let targets = &self.targets[..];
+        let mut out = vec![0f32; n * v];
+        par_rows(&mut out, v, |r, o| {
+            let row = &x[r * v..(r + 1) * v];
+            let (g_lp, g_h, h) = (gp[r * 3], gp[r * 3 + 1], gp[r * 3 + 2]);
+            let (m, lse, _) = row_stats(row, scale);
+            let lse = lse as f32;
+            for (ov, &xv) in o.iter_mut().zip(row) {
+                let logp = xv * scale - m - lse;
+                let p = logp.exp();
+                *ov = scale * (-g_lp * p - g_h * p * (logp + h));
+            }
+            o[targets[r] as usize] += scale * g_lp;
+        });
+        Ok((CpuStorage::F32(out), Shape::from((n, v))))
+    }
+}

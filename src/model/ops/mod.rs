@@ -1,0 +1,92 @@
+//! Fused CPU kernels *with* backward passes for the training path.
+//!
+//! candle's own fused kernels (`softmax_last_dim`, `rms_norm`, ...) have no
+//! backward, and the composite versions (max, sub, exp, sum, div, each a
+//! full pass over the tensor and a fresh allocation, with more of the same
+//! in the backward) dominate the cost of scoring on CPU. These custom ops do
+//! one pass forward and one pass backward. On non-CPU devices the same math
+//! falls back to composite candle ops, so results are device-independent up
+//! to rounding.
+//!
+//! One file per kernel family: [`softmax`] (causal attention softmax),
+//! [`linear`] (frozen-weight matmul), [`norm`] (RMSNorm), [`rope`]
+//! (rotary embeddings + heads-first transpose), [`mod@swiglu`], [`logp`]
+//! (target log-prob + entropy). This file holds what they share: the
+//! CPU-or-composite switch and the row-parallel loop.
+
+use candle_core::{CpuStorage, Device, Layout};
+
+mod linear;
+mod logp;
+mod norm;
+mod rope;
+mod softmax;
+mod swiglu;
+
+pub(crate) use linear::frozen_linear;
+pub(crate) use logp::logp_entropy;
+pub(crate) use norm::rms_norm;
+pub(crate) use rope::{rope_heads_first, RopeTables};
+pub(crate) use softmax::causal_softmax;
+pub(crate) use swiglu::swiglu;
+#[cfg(test)]
+pub(crate) use {
+    logp::logp_entropy_composite, rope::rope_heads_first_composite, swiglu::swiglu_composite,
+};
+
+#[cfg(test)]
+thread_local! {
+    /// Tests set this to run the composite (non-CPU) fallbacks on CPU.
+    pub(crate) static FORCE_COMPOSITE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether the fused CPU kernels apply to tensors on `device`.
+fn fused(device: &Device) -> bool {
+    #[cfg(test)]
+    if FORCE_COMPOSITE.with(|c| c.get()) {
+        return false;
+    }
+    device.is_cpu()
+}
+
+/// Below this many elements the kernels run on the calling thread.
+const PAR_MIN_ELEMS: usize = 1 << 16;
+
+/// Runs `f(row_index, row)` over the rows of `out`, split across threads.
+fn par_rows(out: &mut [f32], row_len: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
+    if row_len == 0 {
+        return;
+    }
+    let n_rows = out.len() / row_len;
+    let threads = candle_core::utils::get_num_threads().min(n_rows).max(1);
+    if threads <= 1 || out.len() < PAR_MIN_ELEMS {
+        for (r, row) in out.chunks_mut(row_len).enumerate() {
+            f(r, row);
+        }
+        return;
+    }
+    let rows_per = n_rows.div_ceil(threads);
+    std::thread::scope(|sc| {
+        for (ci, chunk) in out.chunks_mut(rows_per * row_len).enumerate() {
+            let f = &f;
+            sc.spawn(move || {
+                for (k, row) in chunk.chunks_mut(row_len).enumerate() {
+                    f(ci * rows_per + k, row);
+                }
+            });
+        }
+    });
+}
+
+fn f32_slice<'a>(s: &'a CpuStorage, l: &Layout, op: &str) -> candle_core::Result<&'a [f32]> {
+    let CpuStorage::F32(v) = s else {
+        candle_core::bail!("{op}: only f32 is supported")
+    };
+    match l.contiguous_offsets() {
+        Some((a, b)) => Ok(&v[a..b]),
+        None => candle_core::bail!("{op}: input must be contiguous"),
+    }
+}
+
+#[cfg(test)]
+mod tests;

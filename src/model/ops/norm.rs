@@ -1,0 +1,137 @@
+//! RMSNorm (HF `LlamaRMSNorm`) with its backward.
+
+use candle_core::{CpuStorage, CustomOp2, Layout, Shape, Tensor, D};
+
+use super::{f32_slice, fused, par_rows};
+use crate::model::error::Result;
+
+/// RMSNorm over the last dim, `x * rsqrt(mean(x^2) + eps) * w` (HF
+/// LlamaRMSNorm), differentiable in `x` and `w`.
+pub(crate) fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
+    if fused(x.device()) {
+        return Ok(x
+            .contiguous()?
+            .apply_op2(&w.contiguous()?, RmsNorm { eps: eps as f32 })?);
+    }
+    let ms = x.sqr()?.mean_keepdim(D::Minus1)?;
+    let inv = (ms + eps)?.sqrt()?.recip()?;
+    Ok(x.broadcast_mul(&inv)?.broadcast_mul(w)?)
+}
+
+fn inv_rms(x: &[f32], eps: f32) -> f32 {
+    let ms = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
+    1.0 / (ms + eps).sqrt()
+}
+
+struct RmsNorm {
+    eps: f32,
+}
+
+impl CustomOp2 for RmsNorm {
+    fn name(&self) -> &'static str {
+        "actguide-rms-norm"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let x = f32_slice(s1, l1, self.name())?;
+        let w = f32_slice(s2, l2, self.name())?;
+        let h = *l1.shape().dims().last().unwrap_or(&1);
+        if w.len() != h {
+            candle_core::bail!(
+                "rms-norm: weight {:?} vs input {:?}",
+                l2.shape(),
+                l1.shape()
+            );
+        }
+        let eps = self.eps;
+        let mut out = vec![0f32; x.len()];
+        par_rows(&mut out, h, |r, row| {
+            let xr = &x[r * h..(r + 1) * h];
+            let inv = inv_rms(xr, eps);
+            for ((o, &xv), &wv) in row.iter_mut().zip(xr).zip(w) {
+                *o = xv * inv * wv;
+            }
+        });
+        Ok((CpuStorage::F32(out), l1.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _res: &Tensor,
+        grad_res: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+        let g = grad_res.contiguous()?;
+        let h = w.dim(0)?;
+        let rows = x.elem_count() / h.max(1);
+        let x2 = x.reshape((rows, h))?;
+        let g2 = g.reshape((rows, h))?;
+        // One op returns [dx; dw] as (rows + 1, h); split it here.
+        let both = x2.apply_op2_no_bwd(
+            &Tensor::cat(&[&g2, &w.unsqueeze(0)?], 0)?,
+            &RmsNormBwd { eps: self.eps },
+        )?;
+        let dx = both.narrow(0, 0, rows)?.reshape(x.shape())?;
+        let dw = both.narrow(0, rows, 1)?.squeeze(0)?;
+        Ok((Some(dx), Some(dw)))
+    }
+}
+
+/// Backward of [`RmsNorm`]. Inputs: `x` `(rows, h)` and `[g; w]`
+/// `(rows + 1, h)`. Output `[dx; dw]` `(rows + 1, h)` with, per row and
+/// `r = rsqrt(mean(x^2) + eps)`:
+/// `dx = r * w * g - x * r^3 / h * sum(w * g * x)`, `dw = sum_rows(g * x * r)`.
+struct RmsNormBwd {
+    eps: f32,
+}
+
+impl CustomOp2 for RmsNormBwd {
+    fn name(&self) -> &'static str {
+        "actguide-rms-norm-bwd"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let x = f32_slice(s1, l1, self.name())?;
+        let gw = f32_slice(s2, l2, self.name())?;
+        let (rows, h) = l1.shape().dims2()?;
+        if l2.shape().dims2()? != (rows + 1, h) {
+            candle_core::bail!("rms-norm-bwd: bad shapes {:?} {:?}", l1.shape(), l2.shape());
+        }
+        let (g, w) = gw.split_at(rows * h);
+        let eps = self.eps;
+        let mut out = vec![0f32; (rows + 1) * h];
+        let (dx, dw) = out.split_at_mut(rows * h);
+        par_rows(dx, h, |r, row| {
+            let xr = &x[r * h..(r + 1) * h];
+            let gr = &g[r * h..(r + 1) * h];
+            let inv = inv_rms(xr, eps);
+            let dot: f32 = xr.iter().zip(gr).zip(w).map(|((a, b), c)| a * b * c).sum();
+            let k = inv * inv * inv * dot / h as f32;
+            for (((o, &xv), &gv), &wv) in row.iter_mut().zip(xr).zip(gr).zip(w) {
+                *o = inv * wv * gv - xv * k;
+            }
+        });
+        for r in 0..rows {
+            let xr = &x[r * h..(r + 1) * h];
+            let gr = &g[r * h..(r + 1) * h];
+            let inv = inv_rms(xr, eps);
+            for ((d, &xv), &gv) in dw.iter_mut().zip(xr).zip(gr) {
+                *d += gv * xv * inv;
+            }
+        }
+        Ok((CpuStorage::F32(out), Shape::from((rows + 1, h))))
+    }
+}

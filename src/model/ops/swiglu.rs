@@ -1,0 +1,101 @@
+//! SwiGLU on the fused `[gate | up]` projection, with its backward.
+
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor, D};
+
+use super::{f32_slice, fused, par_rows};
+use crate::model::error::Result;
+
+/// `silu(gu[:, :i]) * gu[:, i:]` for the fused `[gate | up]` projection
+/// `gu` `(rows, 2 * i)`; differentiable.
+pub(crate) fn swiglu(gu: &Tensor) -> Result<Tensor> {
+    if fused(gu.device()) {
+        return Ok(gu.contiguous()?.apply_op1(SwiGlu)?);
+    }
+    swiglu_composite(gu)
+}
+
+pub(crate) fn swiglu_composite(gu: &Tensor) -> Result<Tensor> {
+    let i = gu.dim(D::Minus1)? / 2;
+    Ok((gu.narrow(D::Minus1, 0, i)?.silu()? * gu.narrow(D::Minus1, i, i)?)?)
+}
+
+struct SwiGlu;
+
+impl CustomOp1 for SwiGlu {
+    fn name(&self) -> &'static str {
+        "actguide-swiglu"
+    }
+
+    fn cpu_fwd(
+        &self,
+        storage: &CpuStorage,
+        layout: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let x = f32_slice(storage, layout, self.name())?;
+        let mut dims = layout.shape().dims().to_vec();
+        let two_i = *dims.last().unwrap_or(&0);
+        if !two_i.is_multiple_of(2) {
+            candle_core::bail!("swiglu: odd last dim {two_i}");
+        }
+        let i = two_i / 2;
+        let mut out = vec![0f32; x.len() / 2];
+        par_rows(&mut out, i, |r, row| {
+            let (g, u) = x[r * two_i..(r + 1) * two_i].split_at(i);
+            for ((o, &gv), &uv) in row.iter_mut().zip(g).zip(u) {
+                *o = gv / (1.0 + (-gv).exp()) * uv;
+            }
+        });
+        if let Some(last) = dims.last_mut() {
+            *last = i;
+        }
+        Ok((CpuStorage::F32(out), Shape::from(dims)))
+    }
+
+    fn bwd(
+        &self,
+        arg: &Tensor,
+        _res: &Tensor,
+        grad_res: &Tensor,
+    ) -> candle_core::Result<Option<Tensor>> {
+        let g = grad_res.contiguous()?;
+        Ok(Some(arg.contiguous()?.apply_op2_no_bwd(&g, &SwiGluBwd)?))
+    }
+}
+
+/// `(gu, grad_out)` → `d gu`: `[go * u * silu'(g) | go * silu(g)]`.
+struct SwiGluBwd;
+
+impl CustomOp2 for SwiGluBwd {
+    fn name(&self) -> &'static str {
+        "actguide-swiglu-bwd"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let x = f32_slice(s1, l1, self.name())?;
+        let go = f32_slice(s2, l2, self.name())?;
+        let two_i = *l1.shape().dims().last().unwrap_or(&0);
+        let i = two_i / 2;
+        if go.len() * 2 != x.len() {
+            candle_core::bail!("swiglu-bwd: shapes {:?} vs {:?}", l1.shape(), l2.shape());
+        }
+        let mut out = vec![0f32; x.len()];
+        par_rows(&mut out, two_i, |r, row| {
+            let (g, u) = x[r * two_i..(r + 1) * two_i].split_at(i);
+            let gor = &go[r * i..(r + 1) * i];
+            let (dg, du) = row.split_at_mut(i);
+            for j in 0..i {
+                let sig = 1.0 / (1.0 + (-g[j]).exp());
+                let silu = g[j] * sig;
+                dg[j] = gor[j] * u[j] * sig * (1.0 + g[j] * (1.0 - sig));
+                du[j] = gor[j] * silu;
+            }
+        });
+        Ok((CpuStorage::F32(out), l1.shape().clone()))
+    }
+}

@@ -1,0 +1,208 @@
+//! Each fused kernel against its composite candle version, forward and
+//! backward.
+
+use super::*;
+use candle_core::{Device, Tensor, Var, D};
+use rand::{Rng, SeedableRng};
+
+fn randn(rng: &mut rand_chacha::ChaCha8Rng, shape: &[usize]) -> Var {
+    let n: usize = shape.iter().product();
+    let v: Vec<f32> = (0..n).map(|_| rng.random_range(-2.0..2.0)).collect();
+    Var::from_tensor(&Tensor::from_vec(v, shape, &Device::Cpu).unwrap()).unwrap()
+}
+
+#[test]
+fn frozen_linear_matches_matmul_without_a_weight_gradient() {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
+    let x = randn(&mut rng, &[7, 5]);
+    let w = randn(&mut rng, &[4, 5]);
+    let up = randn(&mut rng, &[4, 3]);
+    // Something downstream, so the incoming gradient is not all ones.
+    let y1 = frozen_linear(x.as_tensor(), w.as_tensor())
+        .unwrap()
+        .matmul(up.as_tensor())
+        .unwrap();
+    let y2 = x
+        .as_tensor()
+        .matmul(&w.as_tensor().t().unwrap())
+        .unwrap()
+        .matmul(up.as_tensor())
+        .unwrap();
+    assert!(max_diff(&y1, &y2) < 1e-5);
+    let g1 = y1.sqr().unwrap().sum_all().unwrap().backward().unwrap();
+    let g2 = y2.sqr().unwrap().sum_all().unwrap().backward().unwrap();
+    let (a, b) = (
+        g1.get(x.as_tensor()).unwrap(),
+        g2.get(x.as_tensor()).unwrap(),
+    );
+    assert!(max_diff(a, b) < 1e-4, "dx differs by {}", max_diff(a, b));
+    assert!(
+        g1.get(w.as_tensor()).is_none(),
+        "the frozen weight got a gradient"
+    );
+    assert!(g2.get(w.as_tensor()).is_some());
+}
+
+fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
+    (a - b)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .max(0)
+        .unwrap()
+        .to_scalar()
+        .unwrap()
+}
+
+/// Composite reference: mask, scale, softmax with candle's slow ops.
+fn ref_softmax(x: &Tensor, scale: f64, q_len: usize) -> Tensor {
+    let s = x.dim(D::Minus1).unwrap();
+    let mut mask = vec![0f32; q_len * s];
+    for i in 0..q_len {
+        for j in (i + s - q_len + 1)..s {
+            mask[i * s + j] = f32::NEG_INFINITY;
+        }
+    }
+    let mask = Tensor::from_vec(mask, (q_len, s), x.device()).unwrap();
+    let shape = x.shape().clone();
+    let x = x
+        .reshape((x.elem_count() / (q_len * s), q_len, s))
+        .unwrap()
+        .affine(scale, 0.0)
+        .unwrap()
+        .broadcast_add(&mask)
+        .unwrap();
+    candle_nn::ops::softmax(&x, D::Minus1)
+        .unwrap()
+        .reshape(shape)
+        .unwrap()
+}
+
+#[test]
+fn causal_softmax_matches_composite_forward_and_backward() {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
+    // Small (sequential) and large (threaded) cases; s > q_len = decode-like.
+    for (shape, q_len) in [
+        (vec![2, 3, 5, 5], 5),
+        (vec![2, 2, 3, 7], 3),
+        // GQA layout: rows are (kv head, rep, query), q_len divides them.
+        (vec![2, 2, 6, 5], 3),
+        (vec![4, 2, 2, 96, 96], 96),
+    ] {
+        let x = randn(&mut rng, &shape);
+        let wt = randn(&mut rng, &shape);
+        let a = causal_softmax(x.as_tensor(), 0.7, q_len).unwrap();
+        let b = ref_softmax(x.as_tensor(), 0.7, q_len);
+        assert!(max_diff(&a, &b) < 1e-6, "forward {shape:?}");
+        let la = (a * wt.as_tensor()).unwrap().sum_all().unwrap();
+        let lb = (b * wt.as_tensor()).unwrap().sum_all().unwrap();
+        let ga = la.backward().unwrap();
+        let gb = lb.backward().unwrap();
+        let (ga, gb) = (ga.get(&x).unwrap(), gb.get(&x).unwrap());
+        assert!(max_diff(ga, gb) < 1e-5, "backward {shape:?}");
+    }
+}
+
+#[test]
+fn rms_norm_matches_composite_forward_and_backward() {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
+    for rows in [3usize, 700] {
+        let x = randn(&mut rng, &[rows, 128]);
+        let w = randn(&mut rng, &[128]);
+        let wt = randn(&mut rng, &[rows, 128]);
+        let a = rms_norm(x.as_tensor(), w.as_tensor(), 1e-5).unwrap();
+        let b = candle_nn::ops::rms_norm_slow(x.as_tensor(), w.as_tensor(), 1e-5).unwrap();
+        assert!(max_diff(&a, &b) < 1e-5, "forward");
+        let ga = (a * wt.as_tensor())
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        let gb = (b * wt.as_tensor())
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        assert!(
+            max_diff(ga.get(&x).unwrap(), gb.get(&x).unwrap()) < 1e-4,
+            "dx"
+        );
+        let (dwa, dwb) = (ga.get(&w).unwrap(), gb.get(&w).unwrap());
+        let rel = max_diff(dwa, dwb)
+            / dwb
+                .abs()
+                .unwrap()
+                .max(0)
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap();
+        assert!(rel < 1e-4, "dw rel {rel}");
+    }
+}
+
+fn grads_match(fused: &Tensor, composite: &Tensor, x: &Var, weight: &Var, what: &str) {
+    assert!(max_diff(fused, composite) < 1e-5, "{what} forward");
+    let ga = (fused * weight.as_tensor())
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap();
+    let gb = (composite * weight.as_tensor())
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap();
+    let d = max_diff(ga.get(x).unwrap(), gb.get(x).unwrap());
+    assert!(d < 1e-5, "{what} backward: {d}");
+}
+
+#[test]
+fn rope_matches_composite() {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(2);
+    let inv_freq: Vec<f32> = (0..8)
+        .map(|i| 1.0 / 10000f32.powf(2.0 * i as f32 / 16.0))
+        .collect();
+    // Shared positions (scoring), per-sequence positions (generation),
+    // and a large case that goes through the threaded path.
+    for (b, t, h, rows) in [(2, 5, 3, 1), (3, 4, 2, 3), (8, 64, 4, 8)] {
+        let pos: Vec<usize> = (0..rows * t).map(|i| (i * 7) % 50).collect();
+        let tables = RopeTables::new(&inv_freq, &pos, rows, t);
+        let x = randn(&mut rng, &[b, t, h, 16]);
+        let wt = randn(&mut rng, &[b, h, t, 16]);
+        let a = rope_heads_first(x.as_tensor(), &tables).unwrap();
+        let c = rope_heads_first_composite(x.as_tensor(), &tables).unwrap();
+        assert_eq!(a.dims(), &[b, h, t, 16]);
+        grads_match(&a, &c, &x, &wt, "rope");
+    }
+}
+
+#[test]
+fn swiglu_matches_composite() {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
+    for rows in [3usize, 500] {
+        let x = randn(&mut rng, &[rows, 2 * 96]);
+        let wt = randn(&mut rng, &[rows, 96]);
+        let a = swiglu(x.as_tensor()).unwrap();
+        let c = swiglu_composite(x.as_tensor()).unwrap();
+        grads_match(&a, &c, &x, &wt, "swiglu");
+    }
+}
+
+#[test]
+fn logp_entropy_matches_composite() {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(4);
+    for (n, v, scale) in [(5usize, 11usize, 1.0), (7, 50, 1.0 / 0.7), (300, 400, 0.8)] {
+        let x = randn(&mut rng, &[n, v]);
+        let targets: Vec<u32> = (0..n).map(|_| rng.random_range(0..v as u32)).collect();
+        let wt = randn(&mut rng, &[n, 2]);
+        let a = logp_entropy(x.as_tensor(), &targets, scale).unwrap();
+        let c = logp_entropy_composite(x.as_tensor(), &targets, scale).unwrap();
+        grads_match(&a, &c, &x, &wt, "logp-entropy");
+    }
+}
