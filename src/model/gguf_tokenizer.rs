@@ -41,7 +41,7 @@ use serde_json::{json, Map, Value as Json};
 use tokenizers::Tokenizer;
 
 use super::error::{ModelError, Result};
-use super::gguf::{GgufFile, Meta};
+use super::gguf_file::{GgufFile, Meta};
 use super::tokenizer::Tok;
 
 /// llama.cpp token types (`tokenizer.ggml.token_type`).

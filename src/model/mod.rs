@@ -44,6 +44,7 @@ pub mod config;
 pub mod device;
 pub mod error;
 pub mod gguf;
+pub mod gguf_file;
 pub mod gguf_tokenizer;
 pub mod hf;
 pub mod llama;

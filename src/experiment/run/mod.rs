@@ -10,6 +10,7 @@
 
 mod error;
 mod evaluate;
+mod phases;
 mod reload;
 mod setup;
 mod step;

@@ -11,19 +11,20 @@ use std::time::Instant;
 
 use rand_chacha::ChaCha8Rng;
 
+use super::phases::{Batch, Driven, Update};
 use super::step_line::step_line;
 use super::timings::{Phase, Timings};
 use super::views::{episode_view, task_view};
 use super::{log_reload, reload_if_edited, Ctx, Event, RunError};
 use crate::env::{Env, Task};
 use crate::experiment::config::Experiment;
-use crate::guidance::host::{ReloadOutcome, TurnView};
+use crate::guidance::host::TurnView;
 use crate::guidance::rounds::{drive, DriveReport, Request, TaskRounds};
 use crate::guidance::{GuidanceHost, TaskResult, TaskView};
 use crate::model::{Policy, Tok};
 use crate::rollout::{self, Episode, EpisodeRequest, RolloutError, RolloutOptions};
 use crate::rundir::{EnvErrorLine, StepLine};
-use crate::script::{Effects, ScriptError};
+use crate::script::ScriptError;
 use crate::seed;
 use crate::train::{
     build_samples, group_advantages, is_zero_std, SampleOptions, TrainStats, Trainer,
@@ -70,17 +71,6 @@ pub(super) fn train_step(
     }
     log_env_failures(ctx, step, &driven.groups, on_event)?;
     Ok(line)
-}
-
-/// What driving the rollouts produced.
-pub(super) struct Driven {
-    /// Every task's rounds, in the order of the step's tasks.
-    pub groups: Vec<TaskRounds<Episode>>,
-    pub prompt_tokens: usize,
-    pub generated_tokens: usize,
-    /// Errors of the guidance, reward and intervention scripts (already
-    /// reported as events).
-    pub script_errors: usize,
 }
 
 /// Plan, rollouts and review rounds; every round of every task is one
@@ -250,19 +240,6 @@ impl Executor<'_> {
     }
 }
 
-/// The training batch: each task's training group, flattened, with the
-/// group-relative advantages.
-pub(super) struct Batch<'a> {
-    /// The task of each episode.
-    pub tasks: Vec<&'a Task>,
-    pub episodes: Vec<Episode>,
-    pub advantages: Vec<f64>,
-    /// Tasks whose group rewards all tie (no signal).
-    pub zero_std: usize,
-    /// Tasks of the step.
-    pub task_count: usize,
-}
-
 fn build_batch<'a>(
     train: &'a [Task],
     exp: &Experiment,
@@ -323,18 +300,6 @@ fn train(
     let tstats = trainer.step(policy, &samples, step, &mut trng)?;
     timings.add(Phase::Train, tstats.seconds);
     Ok(tstats)
-}
-
-/// What the guidance script's update left.
-pub(super) struct Update {
-    /// The versions this step ran with.
-    pub script_hash: String,
-    pub script_hashes: BTreeMap<String, String>,
-    pub script_errors: usize,
-    /// Versions that failed on probation and were swapped back.
-    pub reverts: Vec<ReloadOutcome>,
-    /// The scripts' `metric()` and `log()` calls of the step.
-    pub effects: Effects,
 }
 
 /// The script update with per-task results (and the step's losses).

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use super::step::{Batch, Driven, Update};
+use super::phases::{Batch, Driven, Update};
 use super::timings::Timings;
 use super::Ctx;
 use crate::env::Task;

@@ -5,17 +5,16 @@
 //! marks), which fixes the SVG bytes: keep it.
 
 use plotters::coord::types::RangedCoordf64;
-use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use super::legend::draw_legend;
 use super::panel::{Key, Layout, Line, Panel, YRange};
-use super::style::{run_color, stroke_style, Stroke, FONT, KEY_GREY, LEGEND_W, PLOT_W, TITLE_H};
+use super::style::{
+    run_color, stroke_style, Area, Stroke, FONT, KEY_GREY, LEGEND_W, PLOT_W, TITLE_H,
+};
 use super::{Figure, PlotError};
 use crate::report::{MarkKind, ReportError, Run};
-
-pub(super) type Area<'a> = DrawingArea<SVGBackend<'a>, Shift>;
 
 /// A panel's chart: steps on x, values on y.
 type Chart<'a, 'b> = ChartContext<'a, SVGBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;

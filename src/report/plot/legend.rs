@@ -4,9 +4,8 @@
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
-use super::draw::Area;
 use super::panel::Key;
-use super::style::{run_color, stroke_style, truncate, Stroke, FONT, KEY_GREY};
+use super::style::{run_color, stroke_style, truncate, Area, Stroke, FONT, KEY_GREY};
 use super::PlotError;
 use crate::report::Run;
 

@@ -1,7 +1,11 @@
 //! The figures' look: run colours, fonts and sizes, line strokes, and the
 //! number formats of the axes.
 
+use plotters::coord::Shift;
 use plotters::prelude::*;
+
+/// The SVG surface every figure part draws on.
+pub(super) type Area<'a> = DrawingArea<SVGBackend<'a>, Shift>;
 
 /// Tableau 10: distinct, colour-blind-friendly, readable on white.
 const PALETTE: [RGBColor; 10] = [
