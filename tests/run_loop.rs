@@ -236,6 +236,28 @@ fn an_interrupt_ends_the_step_writes_a_checkpoint_and_resumes_exactly() {
 }
 
 #[test]
+fn a_diverging_run_stops_with_a_clear_error_and_saves_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut exp = experiment(tmp.path(), "nan", 3, "gaussian.rhai");
+    exp.trainer.lr = 1e30;
+    exp.trainer.grad_clip = 0.0;
+    let dir = exp.run_dir();
+    let e = experiment::run(exp, &RunOptions::default(), &mut |_| {})
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("training stopped"), "{e}");
+    assert!(e.contains("is NaN") || e.contains("is inf"), "{e}");
+    // The diverged step left no metrics line and no checkpoint.
+    let lines = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap_or_default();
+    assert!(lines.lines().count() < 3, "{lines}");
+    for l in lines.lines() {
+        let v: Value = serde_json::from_str(l).unwrap();
+        assert!(v["grad_norm"].as_f64().is_some_and(f64::is_finite), "{l}");
+    }
+    assert!(!dir.join("checkpoints/step-000003").exists());
+}
+
+#[test]
 fn bad_experiment_file_gives_a_positioned_error_and_starts_nothing() {
     let tmp = tempfile::tempdir().unwrap();
     let path = tmp.path().join("bad.rhai");

@@ -47,6 +47,9 @@ pub const LATEST_FILE: &str = "latest";
 pub const STATE_FILE: &str = "state.json";
 /// A checkpoint's optimiser moments.
 pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
+/// The SHA-256 of every other file of a checkpoint (`sha256sum` format, so
+/// `sha256sum -c SHA256SUMS` checks it too), written last.
+pub const SUMS_FILE: &str = "SHA256SUMS";
 
 /// Errors reading or writing checkpoints.
 #[derive(Debug, thiserror::Error)]
@@ -84,6 +87,16 @@ pub enum CheckpointError {
         #[source]
         source: Box<ModelError>,
     },
+    /// A file whose bytes changed since the checkpoint was written.
+    #[error(
+        "{}: damaged (its SHA-256 differs from {SUMS_FILE}); resume from an earlier \
+         checkpoint by pointing checkpoints/latest at it",
+        path.display()
+    )]
+    Checksum { path: PathBuf },
+    /// A file `SHA256SUMS` lists is missing or a line does not parse.
+    #[error("{}: {msg}", path.display())]
+    Sums { path: PathBuf, msg: String },
     #[error(transparent)]
     File(#[from] RunDirError),
 }
@@ -164,12 +177,68 @@ pub fn save(
     files.model.write_side_files(&tmp).map_err(model(&tmp))?;
     let st = serde_json::to_string_pretty(state).map_err(json(&tmp))?;
     std::fs::write(tmp.join(STATE_FILE), st).map_err(io(&tmp))?;
+    write_sums(&tmp)?;
     if final_dir.exists() {
         std::fs::remove_dir_all(&final_dir).map_err(io(&final_dir))?;
     }
     std::fs::rename(&tmp, &final_dir).map_err(io(&final_dir))?;
     write_atomic(&root.join(LATEST_FILE), name.as_bytes())?;
     Ok(final_dir)
+}
+
+/// The hex SHA-256 of a file.
+fn sha256_file(path: &Path) -> Result<String, CheckpointError> {
+    use sha2::{Digest, Sha256};
+    let bytes = std::fs::read(path).map_err(io(path))?;
+    Ok(format!("{:x}", Sha256::digest(&bytes)))
+}
+
+/// Write `SHA256SUMS` over every file of the checkpoint folder `dir`, in
+/// name order.
+fn write_sums(dir: &Path) -> Result<(), CheckpointError> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .map_err(io(dir))?
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| n != SUMS_FILE)
+        .collect();
+    names.sort();
+    let mut text = String::new();
+    for n in names {
+        text.push_str(&format!("{}  {n}\n", sha256_file(&dir.join(&n))?));
+    }
+    std::fs::write(dir.join(SUMS_FILE), text).map_err(io(dir))
+}
+
+/// Check every file `SHA256SUMS` lists. Checkpoints written before
+/// checksums existed have no such file and are taken as they are.
+pub fn verify(dir: &Path) -> Result<(), CheckpointError> {
+    let sums = dir.join(SUMS_FILE);
+    let text = match std::fs::read_to_string(&sums) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(io(&sums)(e)),
+    };
+    for (i, line) in text.lines().enumerate() {
+        let Some((hash, name)) = line.split_once("  ") else {
+            return Err(CheckpointError::Sums {
+                path: sums.clone(),
+                msg: format!("line {}: expected `<sha256>  <file>`", i + 1),
+            });
+        };
+        let path = dir.join(name);
+        if !path.is_file() {
+            return Err(CheckpointError::Sums {
+                path: sums.clone(),
+                msg: format!("lists {name}, which is missing"),
+            });
+        }
+        if sha256_file(&path)? != hash {
+            return Err(CheckpointError::Checksum { path });
+        }
+    }
+    Ok(())
 }
 
 /// A loaded checkpoint.
@@ -204,9 +273,11 @@ pub fn load_latest(run_dir: &Path, device: &Device) -> Result<Loaded, Checkpoint
     load_dir(&root.join(name.trim()), device)
 }
 
-/// Load the checkpoint in `dir` (`<run>/checkpoints/step-NNNNNN`).
+/// Load the checkpoint in `dir` (`<run>/checkpoints/step-NNNNNN`), after
+/// checking its files against `SHA256SUMS`.
 pub fn load_dir(dir: &Path, device: &Device) -> Result<Loaded, CheckpointError> {
     let dir = dir.to_path_buf();
+    verify(&dir)?;
     let st_path = dir.join(STATE_FILE);
     let st = std::fs::read_to_string(&st_path).map_err(io(&st_path))?;
     let state: RunState = serde_json::from_str(&st).map_err(json(&st_path))?;
@@ -230,4 +301,37 @@ pub fn load_dir(dir: &Path, device: &Device) -> Result<Loaded, CheckpointError> 
         adapter,
         optimizer,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sums_catch_damage_that_keeps_the_size() {
+        let tmp = tempfile::tempdir().unwrap();
+        let d = tmp.path();
+        std::fs::write(d.join("model.safetensors"), vec![7u8; 4096]).unwrap();
+        std::fs::write(d.join(STATE_FILE), "{}").unwrap();
+        // No SHA256SUMS: an older checkpoint, taken as it is.
+        verify(d).unwrap();
+        write_sums(d).unwrap();
+        let sums = std::fs::read_to_string(d.join(SUMS_FILE)).unwrap();
+        assert_eq!(sums.lines().count(), 2, "{sums}");
+        assert!(sums.lines().all(|l| l.len() > 66), "{sums}");
+        verify(d).unwrap();
+        let mut bytes = std::fs::read(d.join("model.safetensors")).unwrap();
+        bytes[100..164].fill(0xFF);
+        std::fs::write(d.join("model.safetensors"), &bytes).unwrap();
+        let e = verify(d).unwrap_err();
+        assert!(matches!(e, CheckpointError::Checksum { .. }), "{e}");
+        assert!(e.to_string().contains("model.safetensors: damaged"), "{e}");
+        std::fs::remove_file(d.join("model.safetensors")).unwrap();
+        let e = verify(d).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("lists model.safetensors, which is missing"),
+            "{e}"
+        );
+    }
 }

@@ -43,6 +43,17 @@ pub enum RunError {
         #[source]
         source: EnvError,
     },
+    /// Training diverged: the weights are no longer usable. Nothing of the
+    /// step was logged or saved.
+    #[error(
+        "step {step}: {what} is {value}; training stopped (the last checkpoint \
+         holds the last good weights; lower trainer.lr or raise trainer.grad_clip)"
+    )]
+    NonFinite {
+        step: usize,
+        what: &'static str,
+        value: f64,
+    },
     /// A checkpoint's optimiser or script state does not fit the run.
     #[error("{}: {msg}", checkpoint.display())]
     Resume { checkpoint: PathBuf, msg: String },

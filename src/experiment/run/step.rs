@@ -299,6 +299,23 @@ fn train(
     let mut trng = seed::rng(exp.seed, &[seed::label("train"), step as u64]);
     let tstats = trainer.step(policy, &samples, step, &mut trng)?;
     timings.add(Phase::Train, tstats.seconds);
+    // A NaN or inf loss or gradient has already reached the weights: stop
+    // before anything of this step is logged or checkpointed, so the last
+    // checkpoint stays the last good state.
+    let figures = [
+        ("pg_loss", tstats.pg_loss),
+        ("aux_loss", tstats.aux_loss),
+        ("kl", tstats.kl),
+        ("entropy", tstats.entropy),
+        ("grad_norm", tstats.grad_norm),
+    ];
+    if let Some((what, value)) = figures.into_iter().find(|(_, v)| !v.is_finite()) {
+        return Err(RunError::NonFinite {
+            step: step + 1,
+            what,
+            value,
+        });
+    }
     Ok(tstats)
 }
 
