@@ -22,10 +22,51 @@ fn source_to_json(file: &str, source: &str) -> Result<serde_json::Value, ConfigE
             ),
         });
     }
+    // JSON has no inf/NaN (serde would turn them into null and the error
+    // would read "invalid type: null"): name the key instead.
+    if let Some((keys, f)) = non_finite(&value, &mut Vec::new()) {
+        let (line, col) = locate_key(source, &keys);
+        return Err(ConfigError::Field {
+            file: file.into(),
+            line,
+            col,
+            msg: format!(
+                "`{}` is {f}: a setting must be a finite number",
+                keys.join(".")
+            ),
+        });
+    }
     serde_json::to_value(&value).map_err(|e| ConfigError::Invalid {
         file: file.into(),
         msg: e.to_string(),
     })
+}
+
+/// The key path of the first inf/NaN float in `v`, with its value.
+fn non_finite(v: &rhai::Dynamic, path: &mut Vec<String>) -> Option<(Vec<String>, f64)> {
+    if let Ok(f) = v.as_float() {
+        return (!f.is_finite()).then(|| (path.clone(), f));
+    }
+    if let Some(m) = v.read_lock::<rhai::Map>() {
+        for (k, x) in m.iter() {
+            path.push(k.to_string());
+            let found = non_finite(x, path);
+            path.pop();
+            if found.is_some() {
+                return found;
+            }
+        }
+    } else if let Some(a) = v.read_lock::<rhai::Array>() {
+        for (i, x) in a.iter().enumerate() {
+            path.push(i.to_string());
+            let found = non_finite(x, path);
+            path.pop();
+            if found.is_some() {
+                return found;
+            }
+        }
+    }
+    None
 }
 
 /// What an experiment file describes: one run, or a comparison of several
@@ -207,7 +248,11 @@ fn field_error(
             keys.push(unknown.to_string());
         }
     }
-    let (line, col) = locate_key(source, &keys);
+    let (line, col) = match locate_key(source, &keys) {
+        // A key missing from the top-level map: point at the map.
+        (0, 0) => map_start(source),
+        at => at,
+    };
     let shown = if keys.is_empty() {
         "experiment".to_string()
     } else {
@@ -224,6 +269,23 @@ fn field_error(
         col,
         msg,
     }
+}
+
+/// The line:col of the last `#{` at the start of a line or after `=` /
+/// `return`, else of the last `#{`: where the file's map begins. (1, 1)
+/// when there is none.
+fn map_start(source: &str) -> (usize, usize) {
+    let Some(i) = source
+        .rfind("\n#{")
+        .map(|i| i + 1)
+        .or_else(|| source.find("#{"))
+    else {
+        return (1, 1);
+    };
+    let before = &source[..i];
+    let line = before.matches('\n').count() + 1;
+    let col = i - before.rfind('\n').map_or(0, |p| p + 1) + 1;
+    (line, col)
 }
 
 /// Find `a: … b: … c:` (the path of keys) in the source: the 1-based line

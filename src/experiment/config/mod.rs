@@ -528,6 +528,33 @@ let steps = 3;
     }
 
     #[test]
+    fn non_finite_numbers_and_missing_keys_are_positioned() {
+        let src = GOOD.replace("lr: 0.001", "lr: 0.0 / 0.0");
+        let msg = Experiment::from_source("x.rhai", &src)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            msg,
+            format!(
+                "{}`trainer.lr` is NaN: a setting must be a finite number",
+                at(&src, "lr:")
+            )
+        );
+        let src = GOOD.replace("seed: 1", "seed: 1, x: [1.0 / 0.0]");
+        let msg = Experiment::from_source("x.rhai", &src)
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("`x.0` is inf"), "{msg}");
+        // A missing top-level key points at the map, not at 0:0.
+        let src = GOOD.replace("steps: steps,", "");
+        let msg = Experiment::from_source("x.rhai", &src)
+            .unwrap_err()
+            .to_string();
+        assert!(msg.starts_with(&at(&src, "#{")), "{msg}");
+        assert!(msg.contains("missing field `steps`"), "{msg}");
+    }
+
+    #[test]
     fn run_names_stay_inside_the_runs_folder() {
         for bad in ["", ".", "..", "../../../tmp/x", "a/b", "a\\\\b"] {
             let src = GOOD.replace("name: \"t\"", &format!("name: \"{bad}\""));
