@@ -88,6 +88,10 @@ pub struct TaskResult {
     pub rollouts: i64,
     #[serde(default)]
     pub rounds: i64,
+    /// Episodes of the training group the env failed (dead server,
+    /// malformed reply): not in `rewards` / `successes`.
+    #[serde(default)]
+    pub env_failed: i64,
 }
 
 impl TaskResult {
@@ -120,6 +124,7 @@ impl TaskResult {
             success_rate: mean(&rates),
             rollouts: rollouts as i64,
             rounds: rounds as i64,
+            env_failed: 0,
         }
     }
 }

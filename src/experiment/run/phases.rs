@@ -33,6 +33,8 @@ pub(super) struct Batch<'a> {
     pub zero_std: usize,
     /// Tasks of the step.
     pub task_count: usize,
+    /// Training-group episodes the env failed (not in `episodes`).
+    pub env_failed: usize,
 }
 
 /// What the guidance script's update left.

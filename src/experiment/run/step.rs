@@ -59,11 +59,7 @@ pub(super) fn train_step(
         &batch,
         &timings,
     )?;
-    let results: Vec<TaskResult> = views
-        .iter()
-        .zip(&driven.groups)
-        .map(|(v, g)| TaskResult::from_group(v, g.training().map(|r| &r.ep), g.spent(), g.rounds))
-        .collect();
+    let results = task_results(&views, &driven.groups);
     let update = update_script(&mut ctx.host, step, &results, &tstats, &timings, on_event);
     let line = step_line(ctx, step, &driven, &batch, &tstats, &update, &timings);
     for r in &update.reverts {
@@ -249,9 +245,14 @@ fn build_batch<'a>(
     let mut tasks: Vec<&Task> = Vec::new();
     let mut episodes: Vec<Episode> = Vec::new();
     let mut group_sizes = Vec::new();
+    let mut env_failed = 0usize;
     for (&ti, g) in task_idx.iter().zip(groups) {
-        group_sizes.push(g.group.len());
-        for r in g.training() {
+        // Episodes the env failed say nothing about the policy: they leave
+        // the group before advantages (and success) are computed.
+        let (ok, failed): (Vec<_>, Vec<_>) = g.training().partition(|r| r.ep.error.is_none());
+        env_failed += failed.len();
+        group_sizes.push(ok.len());
+        for r in ok {
             tasks.push(&train[ti]);
             episodes.push(r.ep.clone());
         }
@@ -275,7 +276,25 @@ fn build_batch<'a>(
         advantages,
         zero_std,
         task_count: task_idx.len(),
+        env_failed,
     }
+}
+
+/// What the guidance script's `update` learns of each task: its training
+/// group without the episodes the env failed (their count is
+/// `env_failed`). A task whose every episode failed is left out, so an
+/// outage never reads as the policy getting worse.
+fn task_results(views: &[TaskView], groups: &[TaskRounds<Episode>]) -> Vec<TaskResult> {
+    views
+        .iter()
+        .zip(groups)
+        .filter_map(|(v, g)| {
+            let ok = g.training().filter(|r| r.ep.error.is_none()).map(|r| &r.ep);
+            let mut r = TaskResult::from_group(v, ok, g.spent(), g.rounds);
+            r.env_failed = g.training().filter(|r| r.ep.error.is_some()).count() as i64;
+            (!r.successes.is_empty() || r.env_failed == 0).then_some(r)
+        })
+        .collect()
 }
 
 /// One policy update on the batch.
@@ -335,7 +354,10 @@ fn update_script(
     extra.insert("pg_loss".to_string(), tstats.pg_loss);
     extra.insert("entropy".to_string(), tstats.entropy);
     let mut script_errors = 0;
-    if let Some(e) = host.update(step, results, &extra) {
+    // Every episode of the step failed in the env: nothing to learn from,
+    // so the script's state stays as it was.
+    let update = (!results.is_empty()).then(|| host.update(step, results, &extra));
+    if let Some(Some(e)) = update {
         script_errors += 1;
         on_event(Event::ScriptError(e.to_string()));
     }

@@ -77,7 +77,7 @@ pub(super) fn step_line(
         },
         valid_action_ratio: Some(round(1.0 - invalid as f64 / policy_turns.max(1) as f64)),
         episode_len: Some(round(policy_turns as f64 / episodes.len().max(1) as f64)),
-        env_errors: Some(episodes.iter().filter(|e| e.error.is_some()).count()),
+        env_errors: Some(batch.env_failed),
         env_info: env_info(episodes),
         pg_loss: Some(round(tstats.pg_loss)),
         aux_loss: Some(round(tstats.aux_loss)),

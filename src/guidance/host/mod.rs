@@ -482,6 +482,7 @@ mod tests {
             success_rate: rate,
             rollouts: 0,
             rounds: 0,
+            env_failed: 0,
         }
     }
 
