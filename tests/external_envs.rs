@@ -182,6 +182,14 @@ fn http_env_server_healthy_dying_and_malformed() {
     let (m, errs, _) = run(tmp.path(), "http-ok", &env, &p, &p);
     assert_eq!(errors(&m), 0, "{errs:?}");
     assert!(m.iter().any(|l| l["depth_mean"].as_f64().unwrap() > 0.0));
+    // Every episode's server-side env was closed when the episode ended.
+    let live: Value = ureq::get(&format!("{}/live", ok.1))
+        .call()
+        .unwrap()
+        .body_mut()
+        .read_json()
+        .unwrap();
+    assert_eq!(live["live"], 0, "{live}");
 
     // Malformed replies for even-numbered tasks after the first step.
     let bad = Server::start(&["--malformed-after-steps", "1", "--fault-every", "2"]);

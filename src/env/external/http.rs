@@ -4,7 +4,9 @@
 //! observation (or WebShop's `state`), reward, done; `GET
 //! /available_actions?id=` when a reply carries none. The id field is `id`
 //! (ALFWorld adapter) or `env_idx` (WebShop adapter). One server-side env
-//! per client, created on the first reset.
+//! per client, created on the first reset and closed (`POST /close {id}`)
+//! when the client is dropped, so servers that run a process per env do
+//! not pile them up.
 
 use serde_json::{json, Map, Value};
 
@@ -110,6 +112,18 @@ impl HttpEnv {
                 other => strings(other.get("available_actions")),
             })
             .unwrap_or_default()
+    }
+}
+
+impl Drop for HttpEnv {
+    /// Best effort: a server without `/close`, or one that is gone, costs
+    /// one failed request.
+    fn drop(&mut self) {
+        if let Some(id) = self.env_id.take() {
+            let mut body = Map::new();
+            body.insert(self.id_field.clone(), id);
+            let _ = self.call("close", Some(Value::Object(body)));
+        }
     }
 }
 

@@ -221,6 +221,15 @@ impl HttpServer {
                     Ok(json!({ "id": next }))
                 }
                 ("POST", "/reset") => reset(&mut envs, &body),
+                ("POST", "/close") => {
+                    let id = body["id"].as_u64().unwrap_or(0);
+                    match envs.remove(&id) {
+                        Some(_) => Ok(json!({ "closed": id })),
+                        None => Err(RequestError::NoEnv(id)),
+                    }
+                }
+                // How many envs are open (tests check that runs close theirs).
+                ("GET", "/live") => Ok(json!({ "live": envs.len() })),
                 ("POST", "/step") => {
                     steps += 1;
                     let id = body["id"].as_u64().unwrap_or(0);
