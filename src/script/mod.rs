@@ -30,6 +30,8 @@ pub const MAX_FN_EXPR_DEPTH: usize = 64;
 pub const MAX_STRING_SIZE: usize = 64 * 1024;
 pub const MAX_ARRAY_SIZE: usize = 100_000;
 pub const MAX_MAP_SIZE: usize = 100_000;
+/// Default wall-clock budget of one script call (`guidance.call_budget_s`).
+pub const DEFAULT_CALL_BUDGET_S: f64 = 10.0;
 
 /// A script error with the file and position it points at.
 #[derive(Debug, Clone, thiserror::Error, PartialEq)]
@@ -70,6 +72,8 @@ impl ScriptError {
             EvalAltResult::ErrorTooManyOperations(_) => {
                 "operation limit exceeded (infinite loop?)".to_string()
             }
+            // The wall-clock budget's message travels as the token.
+            EvalAltResult::ErrorTerminated(token, _) if token.is_string() => token.to_string(),
             other => strip_position(&other.to_string()),
         };
         ScriptError::new(file, err.position(), msg)
@@ -97,6 +101,16 @@ pub struct Effects {
 pub struct HostHandles {
     rng: Arc<Mutex<ChaCha8Rng>>,
     effects: Arc<Mutex<Effects>>,
+    budget: Arc<Mutex<CallBudget>>,
+}
+
+/// The wall-clock budget of script calls: the operation limit bounds work,
+/// this bounds time (a slow but valid call is stopped too).
+#[derive(Debug, Clone, Copy)]
+struct CallBudget {
+    limit: std::time::Duration,
+    /// When the call in progress must end (none between calls).
+    deadline: Option<std::time::Instant>,
 }
 
 impl HostHandles {
@@ -105,6 +119,11 @@ impl HostHandles {
     /// many draws an earlier version of a script made (reload-proof).
     pub fn reseed(&self, seed: u64) {
         *self.rng.lock().expect("rng lock") = ChaCha8Rng::seed_from_u64(seed);
+    }
+
+    /// Set the wall-clock budget of every later script call.
+    pub fn set_call_budget(&self, limit: std::time::Duration) {
+        self.budget.lock().expect("budget lock").limit = limit;
     }
 
     pub fn take_effects(&self) -> Effects {
@@ -119,6 +138,10 @@ impl HostHandles {
         HostHandles {
             rng: Arc::new(Mutex::new(ChaCha8Rng::seed_from_u64(0))),
             effects: Arc::new(Mutex::new(Effects::default())),
+            budget: Arc::new(Mutex::new(CallBudget {
+                limit: std::time::Duration::from_secs_f64(DEFAULT_CALL_BUDGET_S),
+                deadline: None,
+            })),
         }
     }
 }
@@ -151,6 +174,21 @@ fn engine_with(handles: &HostHandles, imports: Option<ImportResolver>) -> Engine
         .set_max_modules(32)
         .set_max_variables(1024)
         .set_max_functions(512);
+    // Every 4096 operations, check the call's wall-clock deadline.
+    let budget = handles.budget.clone();
+    engine.on_progress(move |ops| {
+        if ops % 4096 != 0 {
+            return None;
+        }
+        let b = *budget.lock().expect("budget lock");
+        match b.deadline {
+            Some(d) if std::time::Instant::now() > d => Some(Dynamic::from(format!(
+                "the call ran over its wall-clock budget of {:.1} s (guidance.call_budget_s)",
+                b.limit.as_secs_f64()
+            ))),
+            _ => None,
+        }
+    });
     // No dynamic code in strategy scripts: `eval` could bypass the
     // compile-time checks and positions.
     engine.disable_symbol("eval");
@@ -392,6 +430,7 @@ pub struct Script {
     engine: Arc<Engine>,
     fns: Vec<(String, usize)>,
     empty: AST,
+    budget: Arc<Mutex<CallBudget>>,
 }
 
 impl std::fmt::Debug for Script {
@@ -496,6 +535,7 @@ impl Script {
             engine: Arc::new(engine),
             fns,
             empty,
+            budget: handles.budget.clone(),
         })
     }
 
@@ -514,19 +554,29 @@ impl Script {
             .eval_ast(false)
             .rewind_scope(true)
             .in_all_namespaces(true);
-        self.engine
-            .call_fn_with_options::<Dynamic>(opts, &mut Scope::new(), &self.empty, name, args)
-            .map_err(|e| {
-                let e = ScriptError::from_eval(&self.file(), &e);
-                if e.line > 0 {
-                    return e;
-                }
-                // No position (e.g. the operation limit): point at the
-                // entry point's definition.
-                let mut at = self.fn_position(name);
-                at.msg = format!("in fn {name}: {}", e.msg);
-                at
-            })
+        {
+            let mut b = self.budget.lock().expect("budget lock");
+            b.deadline = Some(std::time::Instant::now() + b.limit);
+        }
+        let out = self.engine.call_fn_with_options::<Dynamic>(
+            opts,
+            &mut Scope::new(),
+            &self.empty,
+            name,
+            args,
+        );
+        self.budget.lock().expect("budget lock").deadline = None;
+        out.map_err(|e| {
+            let e = ScriptError::from_eval(&self.file(), &e);
+            if e.line > 0 {
+                return e;
+            }
+            // No position (e.g. the operation limit): point at the
+            // entry point's definition.
+            let mut at = self.fn_position(name);
+            at.msg = format!("in fn {name}: {}", e.msg);
+            at
+        })
     }
 
     /// Where `fn name(` is defined: in the script, else in its imports
@@ -565,4 +615,32 @@ impl Script {
 /// Convert a serde value into a Rhai value (task and batch views).
 pub fn to_dynamic<T: serde::Serialize>(v: &T) -> Dynamic {
     rhai::serde::to_dynamic(v).unwrap_or(Dynamic::UNIT)
+}
+
+#[cfg(test)]
+mod budget_tests {
+    use super::*;
+
+    #[test]
+    fn a_call_over_its_wall_clock_budget_is_a_positioned_error() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("slow.rhai");
+        std::fs::write(
+            &path,
+            "fn slow(n) { let x = 0; while x < n { x += 1; } x }\nfn fast() { 1 }\n",
+        )
+        .unwrap();
+        let handles = HostHandles::new();
+        let script = Script::load(&handles, &path).unwrap();
+        // Under the operation limit, over a 1 ms budget.
+        handles.set_call_budget(std::time::Duration::from_millis(1));
+        let e = script.call("slow", (100_000 as rhai::INT,)).unwrap_err();
+        assert!(e.msg.contains("wall-clock budget of 0.0 s"), "{e}");
+        assert!(e.to_string().contains("slow.rhai:"), "{e}");
+        // The next call gets a fresh deadline.
+        assert_eq!(script.call("fast", ()).unwrap().as_int().unwrap(), 1);
+        handles.set_call_budget(std::time::Duration::from_secs(60));
+        let n = script.call("slow", (100_000 as rhai::INT,)).unwrap();
+        assert_eq!(n.as_int().unwrap(), 100_000);
+    }
 }

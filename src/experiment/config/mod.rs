@@ -170,6 +170,14 @@ pub struct GuidanceSection {
     /// Intervention script (`intervene(turn, state)`), if any.
     #[serde(default)]
     pub intervene: Option<String>,
+    /// Wall-clock budget of one script call, seconds: a call over it is a
+    /// script error (a new version on probation is swapped back).
+    #[serde(default = "d_call_budget_s")]
+    pub call_budget_s: f64,
+}
+
+fn d_call_budget_s() -> f64 {
+    crate::script::DEFAULT_CALL_BUDGET_S
 }
 
 fn d_max_rounds() -> usize {
@@ -339,6 +347,10 @@ impl Experiment {
     /// other), one section at a time.
     fn validate(&self, file: &str) -> Result<(), ConfigError> {
         check_name(file, &self.name)?;
+        let budget_ok = self.guidance.call_budget_s > 0.0; // false for NaN too
+        if !budget_ok {
+            return Err(invalid(file, "guidance.call_budget_s must be > 0"));
+        }
         check_rollout(file, &self.rollout)?;
         check_trainer(file, &self.trainer)?;
         check_env(file, &self.env)?;

@@ -149,6 +149,9 @@ fn open_scripts(exp: &Experiment, resumed: Option<&Loaded>) -> Result<GuidanceHo
         None => PathBuf::from(&exp.guidance.script),
     };
     let mut host = GuidanceHost::new(&script_path, exp.seed)?;
+    host.set_call_budget(std::time::Duration::from_secs_f64(
+        exp.guidance.call_budget_s,
+    ));
     for (role, path) in &hooks(exp) {
         let Some(path) = path else { continue };
         let from = resumed

@@ -94,6 +94,11 @@ pub struct GuidanceHost {
 
 impl GuidanceHost {
     /// Compile the guidance script at `path`. Nothing is called yet.
+    /// Set the wall-clock budget of every script call (all roles).
+    pub fn set_call_budget(&self, limit: std::time::Duration) {
+        self.handles.set_call_budget(limit);
+    }
+
     pub fn new(path: &Path, seed: u64) -> Result<Self, ScriptError> {
         let handles = HostHandles::new();
         Ok(GuidanceHost {
