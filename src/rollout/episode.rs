@@ -65,6 +65,10 @@ pub struct Episode {
     pub expert_match: usize,
     /// The env's numeric extras from the episode's last observation.
     pub info: std::collections::BTreeMap<String, f64>,
+    /// An expert action of the executed prefix that was not in the env's
+    /// admissible list: it was not sent, and the prefix stopped before it
+    /// (so no loss ever trains on it).
+    pub expert_inadmissible: Option<String>,
 }
 
 /// An episode while it runs: its env, the history the prompt shows, and
@@ -101,6 +105,7 @@ impl<'a> Live<'a> {
                 actions: Vec::new(),
                 expert_match: 0,
                 info: Default::default(),
+                expert_inadmissible: None,
             },
             req,
             env,
@@ -157,6 +162,12 @@ impl<'a> Live<'a> {
             self.req.spec.prefix
         };
         for a in task.expert.iter().take(n_exec) {
+            // Panels can carry actions the env does not know (a stale or
+            // foreign expert): never execute or train on them.
+            if !self.admissible.is_empty() && !self.admissible.contains(a) {
+                self.ep.expert_inadmissible = Some(a.clone());
+                break;
+            }
             let record = if opts.record_prefix || expert_ep {
                 let prompt_ids = self.prompt(fmt, &self.plan, opts.history, opts.show_actions)?;
                 let mut action_ids = fmt.action_ids(a)?;

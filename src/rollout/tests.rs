@@ -179,3 +179,46 @@ fn env_limit_counts_policy_actions_on_top_of_the_prefix() {
     assert_eq!(opts(8, Some(2)).env_limit(10, 0), 8);
     assert_eq!(opts(8, Some(0)).env_limit(3, 3), 3 + 1);
 }
+
+#[test]
+fn an_inadmissible_expert_action_is_neither_executed_nor_recorded() {
+    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let mut task =
+        crate::env::panel::read_jsonl(&root.join("envs/household/test.jsonl")).unwrap()[0].clone();
+    assert!(task.expert.len() >= 3);
+    // The second expert action is one the env does not know.
+    task.expert[1] = "teleport to the moon".into();
+    let tok = crate::tiny::tiny_tokenizer().unwrap();
+    let cfg = crate::tiny::tiny_config(tok.vocab_size());
+    let policy = Policy::new_random(
+        &cfg,
+        &mut crate::seed::rng(7, &[1]),
+        &candle_core::Device::Cpu,
+    )
+    .unwrap();
+    let o = RolloutOptions {
+        record_prefix: true,
+        ..opts(4, None)
+    };
+    let reqs = [EpisodeRequest {
+        task: &task,
+        spec: ResolvedSpec {
+            prefix: 3,
+            ..Default::default()
+        },
+    }];
+    let mut rng = crate::seed::rng(7, &[3]);
+    let (eps, _) = run(&policy, &tok, &household, &reqs, &o, &mut rng, None).unwrap();
+    let ep = &eps[0];
+    assert_eq!(
+        ep.expert_inadmissible.as_deref(),
+        Some("teleport to the moon")
+    );
+    assert!(ep.error.is_none(), "{:?}", ep.error);
+    // Only the first expert action ran and was recorded as a prefix turn.
+    assert_eq!(ep.actions[0], task.expert[0]);
+    assert!(!ep.actions.iter().any(|a| a == "teleport to the moon"));
+    let prefix: Vec<&Turn> = ep.turns.iter().filter(|t| t.prefix).collect();
+    assert_eq!(prefix.len(), 1);
+    assert_eq!(prefix[0].action, task.expert[0]);
+}

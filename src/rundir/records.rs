@@ -109,6 +109,11 @@ pub struct StepLine {
     pub episode_len: Option<f64>,
     /// Trained episodes the env failed.
     pub env_errors: Option<usize>,
+    /// Episodes whose executed expert prefix met an action the env did not
+    /// admit (written only when there are any; each is in
+    /// `env_errors.jsonl` with its task).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expert_inadmissible: Option<usize>,
     /// Mean of each numeric env extra over the episodes that report it.
     #[serde(default, deserialize_with = "number_map")]
     pub env_info: BTreeMap<String, f64>,

@@ -169,6 +169,7 @@ mod tests {
             stopped: false,
             actions: vec![],
             expert_match: 0,
+            expert_inadmissible: None,
             info: Default::default(),
         };
         let s = build_samples(std::slice::from_ref(&ep), &[0.5], &SampleOptions::default());
@@ -217,6 +218,7 @@ mod tests {
             stopped: false,
             actions: vec![],
             expert_match: 0,
+            expert_inadmissible: None,
             info: Default::default(),
         }
     }

@@ -66,6 +66,7 @@ pub(super) fn train_step(
         log_reload(ctx, step, r, on_event)?;
     }
     log_env_failures(ctx, step, &driven.groups, on_event)?;
+    log_inadmissible_experts(ctx, step, &driven.groups, on_event)?;
     Ok(line)
 }
 
@@ -411,6 +412,39 @@ fn log_env_failures(
         failed.len(),
         failed[0].0,
         failed[0].1
+    )));
+    Ok(())
+}
+
+/// Expert actions the env did not admit: each episode's goes to
+/// `env_errors.jsonl` with its task, and the run says so once per step.
+fn log_inadmissible_experts(
+    ctx: &Ctx,
+    step: usize,
+    groups: &[TaskRounds<Episode>],
+    on_event: &mut dyn FnMut(Event),
+) -> Result<(), RunError> {
+    let bad: Vec<(&str, &str)> = groups
+        .iter()
+        .flat_map(|g| g.all.iter())
+        .filter_map(|r| Some((r.ep.task_id.as_str(), r.ep.expert_inadmissible.as_deref()?)))
+        .collect();
+    let Some(&(task, action)) = bad.first() else {
+        return Ok(());
+    };
+    for (task, action) in &bad {
+        ctx.dir.append(&EnvErrorLine {
+            step: Some(step),
+            task: Some(task.to_string()),
+            error: Some(format!(
+                "expert action {action:?} is not admissible here: the executed prefix stopped before it"
+            )),
+        })?;
+    }
+    on_event(Event::Log(format!(
+        "step {}: {} episode(s) met an inadmissible expert action (env_errors.jsonl), e.g. {task}: {action:?}",
+        step + 1,
+        bad.len(),
     )));
     Ok(())
 }

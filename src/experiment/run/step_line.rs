@@ -78,6 +78,15 @@ pub(super) fn step_line(
         valid_action_ratio: Some(round(1.0 - invalid as f64 / policy_turns.max(1) as f64)),
         episode_len: Some(round(policy_turns as f64 / episodes.len().max(1) as f64)),
         env_errors: Some(batch.env_failed),
+        expert_inadmissible: Some(
+            driven
+                .groups
+                .iter()
+                .flat_map(|g| g.all.iter())
+                .filter(|r| r.ep.expert_inadmissible.is_some())
+                .count(),
+        )
+        .filter(|&n| n > 0),
         env_info: env_info(episodes),
         pg_loss: Some(round(tstats.pg_loss)),
         aux_loss: Some(round(tstats.aux_loss)),
