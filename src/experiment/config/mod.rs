@@ -94,8 +94,8 @@ pub struct EnvSection {
     pub url: Option<String>,
     /// http: the id field of the server's dialect ("id" for AgentGym's
     /// ALFWorld adapter, "env_idx" for its WebShop adapter).
-    #[serde(default = "d_id_field")]
-    pub id_field: String,
+    #[serde(default)]
+    pub id_field: IdField,
     /// subprocess: the program and its arguments.
     #[serde(default)]
     pub command: Vec<String>,
@@ -111,8 +111,25 @@ pub struct EnvSection {
     pub success_reward: f64,
 }
 
-fn d_id_field() -> String {
-    "id".into()
+/// The key an AgentGym server names its envs by (`env.id_field`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IdField {
+    /// `id`: the ALFWorld adapter (and `actguide serve-env`).
+    #[default]
+    Id,
+    /// `env_idx`: the WebShop adapter.
+    EnvIdx,
+}
+
+impl IdField {
+    /// The JSON key.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IdField::Id => "id",
+            IdField::EnvIdx => "env_idx",
+        }
+    }
 }
 fn d_timeout_s() -> f64 {
     30.0
@@ -131,7 +148,7 @@ impl EnvSection {
         let kind = match self.kind {
             EnvKindName::Http => EnvKind::Http {
                 url: self.url.clone().unwrap_or_default(),
-                id_field: self.id_field.clone(),
+                id_field: self.id_field.as_str().to_string(),
             },
             EnvKindName::Subprocess => EnvKind::Subprocess {
                 command: self.command.clone(),
@@ -429,15 +446,6 @@ fn check_env(file: &str, e: &EnvSection) -> Result<(), ConfigError> {
                     "env.kind \"http\" needs env.url = \"http://host:port\"",
                 ));
             }
-            if !["id", "env_idx"].contains(&e.id_field.as_str()) {
-                return Err(invalid(
-                    file,
-                    &format!(
-                        "env.id_field must be \"id\" or \"env_idx\", got \"{}\"",
-                        e.id_field
-                    ),
-                ));
-            }
         }
         crate::env::EnvKindName::Subprocess => {
             if e.command.is_empty() {
@@ -564,6 +572,30 @@ let steps = 3;
             .to_string();
         assert!(msg.starts_with(&at(&src, "#{")), "{msg}");
         assert!(msg.contains("missing field `steps`"), "{msg}");
+    }
+
+    #[test]
+    fn the_http_id_field_is_a_choice() {
+        let with = |v: &str| {
+            GOOD.replace(
+                "test: \"b.jsonl\" }",
+                &format!("test: \"b.jsonl\", id_field: \"{v}\" }}"),
+            )
+        };
+        let e = Experiment::from_source("x.rhai", &with("env_idx")).unwrap();
+        assert_eq!(e.env.id_field, IdField::EnvIdx);
+        assert_eq!(e.env.id_field.as_str(), "env_idx");
+        let src = with("idx");
+        let msg = Experiment::from_source("x.rhai", &src)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            msg,
+            format!(
+                "{}`env.id_field`: unknown variant `idx`, expected `id` or `env_idx`",
+                at(&src, "id_field:")
+            )
+        );
     }
 
     #[test]
