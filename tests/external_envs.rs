@@ -48,6 +48,7 @@ fn run(
     })
     .unwrap();
     assert_eq!(s.steps_done, 2);
+    logs.extend(s.warnings.iter().map(|w| format!("summary: {w}")));
     let read = |f: &str| -> Vec<Value> {
         std::fs::read_to_string(s.run_dir.join(f))
             .unwrap_or_default()
@@ -179,8 +180,9 @@ fn http_env_server_healthy_dying_and_malformed() {
     });
     let ok = Server::start(&[]);
     let env = format!("kind: \"http\", url: \"{}\"", ok.1);
-    let (m, errs, _) = run(tmp.path(), "http-ok", &env, &p, &p);
+    let (m, errs, logs) = run(tmp.path(), "http-ok", &env, &p, &p);
     assert_eq!(errors(&m), 0, "{errs:?}");
+    assert!(!logs.iter().any(|l| l.starts_with("summary:")), "{logs:?}");
     assert!(m.iter().any(|l| l["depth_mean"].as_f64().unwrap() > 0.0));
     // Every episode's server-side env was closed when the episode ended.
     let live: Value = ureq::get(&format!("{}/live", ok.1))
@@ -215,6 +217,11 @@ fn http_env_server_healthy_dying_and_malformed() {
     // Every episode failed: none is trained on or counted in success, and
     // the script's update is not called (its state stays).
     assert_eq!(episodes(&m), 0, "{m:?}");
+    assert!(
+        logs.iter()
+            .any(|l| l.starts_with("summary: every episode of this invocation was lost")),
+        "{logs:?}"
+    );
     assert!(errors(&m) > 0);
     assert_eq!(errs.len() as u64, errors(&m));
     for l in &m {

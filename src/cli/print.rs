@@ -202,6 +202,9 @@ pub fn print_summary(summary: &RunSummary) {
         "throughput         {:.0} rollout tok/s, {:.0} train tok/s",
         summary.rollout_tokens_per_s, summary.train_tokens_per_s
     );
+    for w in &summary.warnings {
+        println!("WARNING            {w}");
+    }
 }
 
 /// The end-of-comparison table: one line per run and where the report is.

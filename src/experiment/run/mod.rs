@@ -118,6 +118,9 @@ pub struct RunSummary {
     pub seconds_per_step: f64,
     /// Stopped early by [`RunOptions::interrupt`] (after a checkpoint).
     pub interrupted: bool,
+    /// Problems the whole run shows (every episode failed in the env, a
+    /// script failed at every step).
+    pub warnings: Vec<String>,
 }
 
 /// Everything a run holds.
@@ -160,6 +163,12 @@ struct Totals {
     train_tokens: usize,
     train_s: f64,
     steps: usize,
+    /// Episodes trained on, and episodes the env failed.
+    episodes: usize,
+    env_errors: usize,
+    script_errors: usize,
+    /// Steps with at least one script error.
+    steps_with_script_errors: usize,
 }
 
 impl Totals {
@@ -169,6 +178,31 @@ impl Totals {
         self.train_tokens += line.train_tokens.unwrap_or(0);
         self.train_s += line.time.train_s.unwrap_or(0.0);
         self.steps += 1;
+        self.episodes += line.batch.episodes.unwrap_or(0);
+        self.env_errors += line.env_errors.unwrap_or(0);
+        let errs = line.script_errors.unwrap_or(0);
+        self.script_errors += errs;
+        self.steps_with_script_errors += usize::from(errs > 0);
+    }
+
+    /// What the end-of-run summary must not let pass silently.
+    fn warnings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.steps > 0 && self.episodes == 0 && self.env_errors > 0 {
+            out.push(format!(
+                "every episode of this invocation was lost to env failures ({}, see \
+                 env_errors.jsonl): nothing was learned",
+                self.env_errors
+            ));
+        }
+        if self.steps > 0 && self.steps_with_script_errors == self.steps {
+            out.push(format!(
+                "a script failed at every step ({} errors): guidance ran on its last good \
+                 version or not at all",
+                self.script_errors
+            ));
+        }
+        out
     }
 }
 
@@ -257,6 +291,7 @@ pub fn run(
             0.0
         },
         interrupted,
+        warnings: totals.warnings(),
     })
 }
 
@@ -306,6 +341,35 @@ fn save_checkpoint(ctx: &Ctx, step: usize) -> Result<PathBuf, RunError> {
 #[cfg(test)]
 mod tests {
     use crate::seed;
+
+    #[test]
+    fn the_summary_warns_when_nothing_could_be_learned() {
+        use super::Totals;
+        use crate::rundir::{StepLine, SuccessBreakdown};
+        let line = |episodes: usize, env_errors: usize, script_errors: usize| StepLine {
+            batch: SuccessBreakdown {
+                episodes: Some(episodes),
+                ..Default::default()
+            },
+            env_errors: Some(env_errors),
+            script_errors: Some(script_errors),
+            ..Default::default()
+        };
+        let mut ok = Totals::default();
+        ok.add(&line(8, 1, 1));
+        ok.add(&line(8, 0, 0));
+        assert!(ok.warnings().is_empty());
+        let mut lost = Totals::default();
+        lost.add(&line(0, 8, 1));
+        lost.add(&line(0, 8, 2));
+        let w = lost.warnings();
+        assert_eq!(w.len(), 2, "{w:?}");
+        assert!(w[0].contains("lost to env failures (16"), "{w:?}");
+        assert!(
+            w[1].contains("a script failed at every step (3 errors)"),
+            "{w:?}"
+        );
+    }
 
     #[test]
     fn task_order_covers_each_epoch() {
