@@ -94,6 +94,28 @@ mod tests {
     }
 
     #[test]
+    fn every_committed_panel_expert_word_is_in_its_tiny_vocabulary() {
+        for (card, env) in [
+            ("tiny", "household"),
+            ("tiny-shop", "shop"),
+            ("tiny-searchqa", "searchqa"),
+        ] {
+            let tok =
+                Tok::from_file(&root().join(format!("models/{card}/tokenizer.json"))).unwrap();
+            for split in ["train", "test"] {
+                let tasks =
+                    panel::read_jsonl(&root().join(format!("envs/{env}/{split}.jsonl"))).unwrap();
+                let bad = tok.unencodable_words(
+                    tasks
+                        .iter()
+                        .flat_map(|t| t.expert.iter().map(String::as_str)),
+                );
+                assert!(bad.is_empty(), "{env}/{split}: {bad:?}");
+            }
+        }
+    }
+
+    #[test]
     fn committed_shop_and_searchqa_cards_match_the_generator() {
         for env in [BuiltinEnv::Shop, BuiltinEnv::SearchQa] {
             let dir = root().join(format!("models/tiny-{env}"));

@@ -192,6 +192,40 @@ impl Tok {
     pub fn inner(&self) -> &Tokenizer {
         &self.inner
     }
+
+    /// The words of `texts` this tokenizer cannot encode: their tokens do
+    /// not decode back to them (a word-level vocabulary without the word
+    /// gives `[UNK]`, which decoding drops), so an action holding one
+    /// reaches the env cut short. Compared ignoring case and whitespace;
+    /// sorted, each once.
+    pub fn unencodable_words<'a>(&self, texts: impl IntoIterator<Item = &'a str>) -> Vec<String> {
+        // Word-level decoding puts spaces around punctuation
+        // (`click [ red ]`): compare without whitespace.
+        let norm = |s: &str| -> String {
+            s.chars()
+                .filter(|c| !c.is_whitespace())
+                .flat_map(char::to_lowercase)
+                .collect()
+        };
+        let round_trips = |t: &str| {
+            self.encode(t)
+                .and_then(|ids| self.decode(&ids))
+                .is_ok_and(|d| norm(&d) == norm(t))
+        };
+        let mut seen = std::collections::BTreeSet::new();
+        let mut bad = std::collections::BTreeSet::new();
+        for t in texts {
+            if !seen.insert(t) || round_trips(t) {
+                continue;
+            }
+            for w in t.split_whitespace() {
+                if !round_trips(w) {
+                    bad.insert(w.to_string());
+                }
+            }
+        }
+        bad.into_iter().collect()
+    }
 }
 
 #[cfg(test)]
@@ -251,5 +285,17 @@ mod tests {
         assert_eq!(tok.token_id(UNK_TOKEN), Some(0));
         assert_eq!(tok.token_id("<eos>"), Some(1));
         assert!(Tok::from_file(Path::new("/nonexistent/tokenizer.json")).is_err());
+    }
+
+    #[test]
+    fn words_outside_a_word_level_vocabulary_are_named() {
+        let words: Vec<String> = ["go", "to", "the", "cabinet", "1"]
+            .iter()
+            .map(|w| w.to_string())
+            .collect();
+        let tok = Tok::build_word_level(&words, &["[PAD]", "[EOS]"]).unwrap();
+        let bad = tok.unencodable_words(["go to cabinet 1", "go to the fridge 1", "open fridge 1"]);
+        assert_eq!(bad, ["fridge", "open"]);
+        assert!(tok.unencodable_words(["go to the cabinet 1"]).is_empty());
     }
 }

@@ -44,6 +44,27 @@ pub(super) fn setup(
     let (train, test, clusters) = panels(&exp)?;
     let src = policies::open(&exp)?;
     let tok = src.tok.clone();
+    let unencodable = tok.unencodable_words(
+        train
+            .iter()
+            .chain(&test)
+            .flat_map(|t| t.expert.iter().map(String::as_str)),
+    );
+    if !unencodable.is_empty() {
+        let shown: Vec<&str> = unencodable.iter().take(20).map(String::as_str).collect();
+        warnings.push(format!(
+            "the tokenizer cannot encode {} word(s) of the panels' expert actions: {}{} — \
+             actions with them reach the env cut short; build a vocabulary that has them \
+             (actguide init-tiny) or use another tokenizer",
+            unencodable.len(),
+            shown.join(", "),
+            if unencodable.len() > shown.len() {
+                ", …"
+            } else {
+                ""
+            }
+        ));
+    }
     let (policy, mut trainer) = policy_and_trainer(&exp, &src, resumed.as_ref(), &device)?;
     let mut host = open_scripts(&exp, resumed.as_ref())?;
     let scripts = match &resumed {
