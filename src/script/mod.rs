@@ -94,6 +94,37 @@ fn strip_position(msg: &str) -> String {
 pub struct Effects {
     pub metrics: Vec<(String, f64)>,
     pub logs: Vec<String>,
+    /// `metric()` calls and log lines over the per-step caps
+    /// ([`MAX_METRICS_PER_STEP`], [`MAX_LOGS_PER_STEP`]), dropped.
+    pub dropped_metrics: usize,
+    pub dropped_logs: usize,
+}
+
+/// Most `metric()` values a step keeps (they all go into one metrics line).
+pub const MAX_METRICS_PER_STEP: usize = 1024;
+/// Most script log lines (`log`, `print`, `debug`) a step keeps.
+pub const MAX_LOGS_PER_STEP: usize = 200;
+/// Longest metric name and log line kept, in characters (longer ones are cut).
+pub const MAX_EFFECT_CHARS: usize = 1000;
+
+impl Effects {
+    fn metric(&mut self, name: &str, value: f64) {
+        if self.metrics.len() >= MAX_METRICS_PER_STEP {
+            self.dropped_metrics += 1;
+        } else {
+            self.metrics
+                .push((name.chars().take(MAX_EFFECT_CHARS).collect(), value));
+        }
+    }
+
+    fn log(&mut self, line: &str) {
+        if self.logs.len() >= MAX_LOGS_PER_STEP {
+            self.dropped_logs += 1;
+        } else {
+            self.logs
+                .push(line.chars().take(MAX_EFFECT_CHARS).collect());
+        }
+    }
 }
 
 /// State shared between the engine's registered helpers and the host.
@@ -261,27 +292,21 @@ fn engine_with(handles: &HostHandles, imports: Option<ImportResolver>) -> Engine
     });
     let eff = handles.effects.clone();
     engine.register_fn("metric", move |name: &str, value: f64| {
-        eff.lock()
-            .expect("effects lock")
-            .metrics
-            .push((name.to_string(), value));
+        eff.lock().expect("effects lock").metric(name, value);
     });
     let eff = handles.effects.clone();
     engine.register_fn("metric", move |name: &str, value: i64| {
-        eff.lock()
-            .expect("effects lock")
-            .metrics
-            .push((name.to_string(), value as f64));
+        eff.lock().expect("effects lock").metric(name, value as f64);
     });
     let eff = handles.effects.clone();
     engine.register_fn("log", move |msg: &str| {
-        eff.lock().expect("effects lock").logs.push(msg.to_string());
+        eff.lock().expect("effects lock").log(msg);
     });
     // `print` and `debug` go to the run log too, never straight to stdout.
     let eff = handles.effects.clone();
-    engine.on_print(move |s| eff.lock().expect("effects lock").logs.push(s.to_string()));
+    engine.on_print(move |s| eff.lock().expect("effects lock").log(s));
     let eff = handles.effects.clone();
-    engine.on_debug(move |s, _, _| eff.lock().expect("effects lock").logs.push(s.to_string()));
+    engine.on_debug(move |s, _, _| eff.lock().expect("effects lock").log(s));
 
     crate::guidance::spec::register(&mut engine);
     engine
@@ -615,6 +640,33 @@ impl Script {
 /// Convert a serde value into a Rhai value (task and batch views).
 pub fn to_dynamic<T: serde::Serialize>(v: &T) -> Dynamic {
     rhai::serde::to_dynamic(v).unwrap_or(Dynamic::UNIT)
+}
+
+#[cfg(test)]
+mod effects_tests {
+    use super::*;
+
+    #[test]
+    fn metrics_and_logs_are_capped_per_step() {
+        let (engine, handles) = new_engine();
+        engine
+            .run(r#"for i in 0..5000 { metric("m" + i, i); log("line " + i); } let n = "x"; n.pad(5000, "x"); metric(n, 1.0);"#)
+            .unwrap();
+        let e = handles.take_effects();
+        assert_eq!(e.metrics.len(), MAX_METRICS_PER_STEP);
+        assert_eq!(e.dropped_metrics, 5001 - MAX_METRICS_PER_STEP);
+        assert_eq!(e.logs.len(), MAX_LOGS_PER_STEP);
+        assert_eq!(e.dropped_logs, 5000 - MAX_LOGS_PER_STEP);
+        // The next step starts from empty buffers.
+        assert_eq!(handles.take_effects().metrics.len(), 0);
+        let (engine, handles) = new_engine();
+        engine
+            .run(r#"let s = ""; s.pad(5000, "y"); log(s); metric(s, 2);"#)
+            .unwrap();
+        let e = handles.take_effects();
+        assert_eq!(e.logs[0].chars().count(), MAX_EFFECT_CHARS);
+        assert_eq!(e.metrics[0].0.chars().count(), MAX_EFFECT_CHARS);
+    }
 }
 
 #[cfg(test)]

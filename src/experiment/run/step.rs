@@ -369,6 +369,17 @@ fn update_script(
     for l in &effects.logs {
         on_event(Event::ScriptLog(l.clone()));
     }
+    if effects.dropped_metrics + effects.dropped_logs > 0 {
+        on_event(Event::Log(format!(
+            "step {}: the scripts' metric() calls and log lines are capped per step \
+             ({} and {}): {} metric(s) and {} line(s) dropped",
+            step + 1,
+            crate::script::MAX_METRICS_PER_STEP,
+            crate::script::MAX_LOGS_PER_STEP,
+            effects.dropped_metrics,
+            effects.dropped_logs
+        )));
+    }
     Update {
         script_hash,
         script_hashes,
