@@ -70,7 +70,7 @@ enum Cmd {
 fn main() {
     let cli = Cli::parse();
     if let Err(e) = dispatch(cli.cmd) {
-        eprintln!("error: {e:#}");
+        eprintln!("error: {}", cli::print::error_chain(&e));
         std::process::exit(1);
     }
 }

@@ -236,3 +236,16 @@ pub fn print_comparison(out: &ComparisonSummary) {
         println!("report             {}", r.join("report.html").display());
     }
 }
+
+/// An error and its causes on one line, each cause once: the library's
+/// errors often show their cause in their own message already.
+pub fn error_chain(e: &anyhow::Error) -> String {
+    let mut msg = e.to_string();
+    for cause in e.chain().skip(1) {
+        let c = cause.to_string();
+        if !msg.contains(&c) {
+            msg = format!("{msg}: {c}");
+        }
+    }
+    msg
+}

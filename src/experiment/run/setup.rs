@@ -30,9 +30,15 @@ pub(super) fn setup(
     let device = policies::device(&exp)?;
     let (dir, lock, resumed) = match &opts.resume {
         Some(d) => {
-            let loaded = checkpoint::load_latest(d, &device)?;
             let dir = RunDir::at(d);
-            let lock = dir.lock()?;
+            // A live run's directory is refused before anything is read
+            // (a missing one gets the checkpoint loader's message).
+            let lock = if d.is_dir() { Some(dir.lock()?) } else { None };
+            let loaded = checkpoint::load_latest(d, &device)?;
+            let lock = match lock {
+                Some(l) => l,
+                None => dir.lock()?,
+            };
             (dir, lock, Some(loaded))
         }
         None => {
