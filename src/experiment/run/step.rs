@@ -67,6 +67,14 @@ pub(super) fn train_step(
     }
     log_env_failures(ctx, step, &driven.groups, on_event)?;
     log_inadmissible_experts(ctx, step, &driven.groups, on_event)?;
+    log_oversized_plans(
+        ctx.exp.rollout.group_size,
+        step,
+        &task_idx,
+        ctx,
+        &driven.groups,
+        on_event,
+    );
     Ok(line)
 }
 
@@ -425,6 +433,38 @@ fn log_env_failures(
         failed[0].1
     )));
     Ok(())
+}
+
+/// Plans that asked for more first-round rollouts than the group size
+/// (allowed, up to 256 per task, but each one costs a rollout): said once
+/// per step, so a script cannot multiply the step time unnoticed.
+fn log_oversized_plans(
+    group_size: usize,
+    step: usize,
+    task_idx: &[usize],
+    ctx: &Ctx,
+    groups: &[TaskRounds<Episode>],
+    on_event: &mut dyn FnMut(Event),
+) {
+    let big: Vec<(&str, usize)> = task_idx
+        .iter()
+        .zip(groups)
+        .map(|(&ti, g)| {
+            (
+                ctx.train[ti].id.as_str(),
+                g.all.iter().filter(|r| r.round == 0).count(),
+            )
+        })
+        .filter(|&(_, n)| n > group_size)
+        .collect();
+    if let Some(&(task, n)) = big.iter().max_by_key(|(_, n)| *n) {
+        on_event(Event::Log(format!(
+            "step {}: plan() asked for more rollouts than rollout.group_size ({group_size}) \
+             for {} task(s), up to {n} for {task}",
+            step + 1,
+            big.len()
+        )));
+    }
 }
 
 /// Expert actions the env did not admit: each episode's goes to
