@@ -113,6 +113,7 @@ pub fn run(cfg: &BenchConfig) -> Result<BenchReport, RunError> {
         max_steps: cfg.max_steps,
         step_slack: None,
         format: PromptFormat::Plain,
+        env_concurrency: 1,
     };
     let make = |limit: usize| -> Box<dyn Env> {
         make_env(

@@ -284,3 +284,38 @@ fn silent_and_unreachable_envs_time_out_with_a_clear_error() {
         "{e}"
     );
 }
+
+#[test]
+fn a_silent_env_costs_one_timeout_per_turn_not_one_per_episode() {
+    use std::time::{Duration, Instant};
+    let tmp = tempfile::tempdir().unwrap();
+    let p = panel(tmp.path(), "tasks", |t| t);
+    let r = root();
+    // 8 training episodes and 2 + 2 evaluation episodes, each waiting 1 s
+    // for a hello that never comes: 12 s one after the other.
+    let src = format!(
+        r#"#{{ name: "silent", seed: 3, steps: 1, runs_dir: "{runs}",
+             model: #{{ path: "{r}/models/tiny" }},
+             env: #{{ kind: "subprocess", command: ["sleep", "30"], train: "{p}", test: "{p}",
+                      max_steps: 4, timeout_s: 1.0, retries: 0, concurrency: 16 }},
+             guidance: #{{ script: "{r}/scripts/guidance/fixed.rhai" }},
+             rollout: #{{ tasks_per_step: 4, group_size: 2 }},
+             evaluation: #{{ every: 0, max_tasks: 2 }}, checkpoint: #{{ every: 0 }} }}"#,
+        runs = tmp.path().join("runs").display(),
+        r = r.display(),
+        p = p.display(),
+    );
+    let exp = Experiment::from_source("x.rhai", &src).unwrap();
+    let t0 = Instant::now();
+    let s = experiment::run(exp, &RunOptions::default(), &mut |_| {}).unwrap();
+    let took = t0.elapsed();
+    let m: Vec<Value> = std::fs::read_to_string(s.run_dir.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(errors(&m), 8, "{m:?}");
+    assert_eq!(episodes(&m), 0);
+    // Three rounds of overlapping hellos (eval, train, eval): about 3 s.
+    assert!(took < Duration::from_secs(9), "{took:?}");
+}

@@ -97,5 +97,9 @@ pub fn rollout_options(
         max_steps: exp.env.max_steps,
         step_slack: exp.env.step_slack,
         format,
+        env_concurrency: match exp.env.kind {
+            crate::env::EnvKindName::Builtin(_) => 1,
+            _ => exp.env.concurrency.max(1),
+        },
     })
 }

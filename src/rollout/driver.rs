@@ -41,10 +41,18 @@ pub fn run(
     let t0 = Instant::now();
     let fmt = Fmt::new(policy, tok, opts)?;
     let mut stats = RolloutStats::default();
-    let mut live: Vec<Live> = Vec::with_capacity(requests.len());
-    for req in requests {
-        live.push(Live::start(req, make_env, &fmt, opts)?);
-    }
+    // Envs are made in order (the factory need not be thread-safe); their
+    // resets and expert prefixes may overlap.
+    let mut live: Vec<Live> = requests
+        .iter()
+        .map(|req| Live::with_env(req, make_env, opts))
+        .collect();
+    let begun = par_map(
+        live.iter_mut().collect(),
+        opts.env_concurrency,
+        &|l: &mut Live| l.begin(&fmt, opts),
+    );
+    begun.into_iter().collect::<Result<Vec<()>, _>>()?;
     let gen_opts = GenerateOptions {
         max_new_tokens: opts.max_action_tokens,
         temperature: opts.temperature,
@@ -75,14 +83,46 @@ pub fn run(
             rng,
         )?;
         stats.generate_calls += 1;
-        let turns = batch.prompts.into_iter().zip(batch.unguided);
-        for ((&i, g), (p, u)) in idx.iter().zip(gens).zip(turns) {
-            stats.generated_tokens += g.tokens.len();
-            live[i].apply(g, p, u, &fmt, tok, opts)?;
-        }
+        stats.generated_tokens += gens.iter().map(|g| g.tokens.len()).sum::<usize>();
+        // The live episodes in `idx` order (idx lists the not-done ones).
+        let turns = live
+            .iter_mut()
+            .filter(|l| !l.done)
+            .zip(gens)
+            .zip(batch.prompts.into_iter().zip(batch.unguided))
+            .map(|((l, g), (p, u))| (l, g, p, u))
+            .collect();
+        let applied = par_map(turns, opts.env_concurrency, &|(l, g, p, u)| {
+            l.apply(g, p, u, &fmt, tok, opts)
+        });
+        applied.into_iter().collect::<Result<Vec<()>, _>>()?;
     }
     stats.seconds = t0.elapsed().as_secs_f64();
     Ok((live.into_iter().map(Live::finish).collect(), stats))
+}
+
+/// `f` over `items` on up to `threads` scoped threads (contiguous chunks),
+/// results in input order; with one thread, in order on this one.
+fn par_map<T: Send, R: Send>(items: Vec<T>, threads: usize, f: &(dyn Fn(T) -> R + Sync)) -> Vec<R> {
+    if threads <= 1 || items.len() <= 1 {
+        return items.into_iter().map(f).collect();
+    }
+    let per = items.len().div_ceil(threads);
+    let mut chunks: Vec<Vec<T>> = Vec::new();
+    let mut items = items.into_iter().peekable();
+    while items.peek().is_some() {
+        chunks.push(items.by_ref().take(per).collect());
+    }
+    std::thread::scope(|s| {
+        let handles: Vec<_> = chunks
+            .into_iter()
+            .map(|c| s.spawn(move || c.into_iter().map(f).collect::<Vec<R>>()))
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().expect("an env thread panicked"))
+            .collect()
+    })
 }
 
 /// Ask the intervention about every live episode, in order: the hint each

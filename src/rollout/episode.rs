@@ -116,15 +116,13 @@ impl<'a> Live<'a> {
         }
     }
 
-    /// Start the episode for `req`: a fresh env from `make_env`, reset, then
-    /// the executed expert prefix (or, for an `expert()` episode, the whole
-    /// expert trajectory). An env failure ends the episode, not the call.
-    pub(super) fn start(
+    /// The episode for `req` in a fresh env from `make_env`, not reset yet
+    /// ([`Live::begin`] starts it).
+    pub(super) fn with_env(
         req: &EpisodeRequest<'a>,
         make_env: &dyn Fn(usize) -> Box<dyn Env>,
-        fmt: &Fmt<'_>,
         opts: &RolloutOptions,
-    ) -> Result<Self, RolloutError> {
+    ) -> Self {
         // An expert() episode replays the whole trajectory: its limit
         // counts every expert action as executed.
         let executed = if req.spec.expert {
@@ -133,7 +131,19 @@ impl<'a> Live<'a> {
             req.spec.prefix
         };
         let env = make_env(opts.env_limit(req.task.expert.len(), executed));
-        let mut l = Live::new(req.clone(), env);
+        Live::new(req.clone(), env)
+    }
+
+    /// Start the episode: reset the env to the task, then the executed
+    /// expert prefix (or, for an `expert()` episode, the whole expert
+    /// trajectory). An env failure ends the episode, not the call.
+    pub(super) fn begin(
+        &mut self,
+        fmt: &Fmt<'_>,
+        opts: &RolloutOptions,
+    ) -> Result<(), RolloutError> {
+        let l = self;
+        let req = l.req.clone();
         match l.env.reset(req.task) {
             Ok(obs) => {
                 l.observation = obs.text;
@@ -142,11 +152,11 @@ impl<'a> Live<'a> {
             }
             Err(e) => {
                 l.fail(e);
-                return Ok(l);
+                return Ok(());
             }
         }
         l.execute_prefix(fmt, opts)?;
-        Ok(l)
+        Ok(())
     }
 
     /// Executed expert prefix: the env runs the actions, they enter the

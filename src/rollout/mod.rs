@@ -51,6 +51,10 @@ pub struct RolloutOptions {
     pub step_slack: Option<usize>,
     /// Prompt and answer format (`rollout.format`).
     pub format: PromptFormat,
+    /// Episodes whose env calls (reset, expert prefix, each turn's step)
+    /// run at once, on that many threads; 1 runs them in order. External
+    /// envs wait on the network, so their calls overlap (`env.concurrency`).
+    pub env_concurrency: usize,
 }
 
 impl RolloutOptions {

@@ -22,6 +22,7 @@ fn opts(max_steps: usize, step_slack: Option<usize>) -> RolloutOptions {
         max_steps,
         step_slack,
         format: PromptFormat::Plain,
+        env_concurrency: 1,
     }
 }
 

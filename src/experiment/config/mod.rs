@@ -105,6 +105,10 @@ pub struct EnvSection {
     pub timeout_s: f64,
     #[serde(default = "d_retries")]
     pub retries: usize,
+    /// External envs: episodes whose requests run at once (a silent server
+    /// then costs one timeout per turn, not one per episode).
+    #[serde(default = "d_concurrency")]
+    pub concurrency: usize,
     /// External envs: a done step with at least this reward is a success
     /// (unless the reply says `success`).
     #[serde(default = "d_success_reward")]
@@ -130,6 +134,9 @@ impl IdField {
             IdField::EnvIdx => "env_idx",
         }
     }
+}
+fn d_concurrency() -> usize {
+    16
 }
 fn d_timeout_s() -> f64 {
     30.0
