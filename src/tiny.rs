@@ -53,6 +53,72 @@ pub fn tiny_tokenizer_for(env: BuiltinEnv) -> Result<Tok, ModelError> {
     Tok::build_word_level(&words, &SPECIALS)
 }
 
+/// The pre-tokens of `text` as the tiny tokenizer splits it (lower-cased,
+/// then the `Whitespace` pre-tokenizer: runs of word characters, runs of
+/// punctuation).
+fn pre_tokens(text: &str) -> Result<Vec<String>, ModelError> {
+    use tokenizers::{OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer};
+    let lower = text.to_lowercase();
+    let mut pts = PreTokenizedString::from(lower.as_str());
+    tokenizers::pre_tokenizers::whitespace::Whitespace {}
+        .pre_tokenize(&mut pts)
+        .map_err(|e| ModelError::Tokenizer {
+            path: "<word-level tokenizer>".into(),
+            msg: e.to_string(),
+        })?;
+    Ok(pts
+        .get_splits(OffsetReferential::Original, OffsetType::Byte)
+        .into_iter()
+        .map(|(s, _, _)| s.to_string())
+        .collect())
+}
+
+/// Every string inside a JSON value (a task's `world`).
+fn strings_in(v: &serde_json::Value, out: &mut Vec<String>) {
+    match v {
+        serde_json::Value::String(s) => out.push(s.clone()),
+        serde_json::Value::Array(a) => a.iter().for_each(|x| strings_in(x, out)),
+        serde_json::Value::Object(m) => m.values().for_each(|x| strings_in(x, out)),
+        _ => {}
+    }
+}
+
+/// A tiny tokenizer for any env, external ones included, from its task
+/// panels: the words of every goal, expert action and `world` string, plus
+/// the prompt scaffold. (Observation words an env only shows at run time
+/// are not in a panel; the run names expert-action words it cannot encode.)
+pub fn tiny_tokenizer_from_panels(tasks: &[crate::env::Task]) -> Result<Tok, ModelError> {
+    let mut texts: Vec<String> = Vec::new();
+    for t in tasks {
+        texts.push(t.goal.clone());
+        texts.extend(t.expert.iter().cloned());
+        strings_in(&t.world, &mut texts);
+    }
+    let mut words: Vec<String> = SCAFFOLD_WORDS.iter().map(|s| s.to_string()).collect();
+    for t in &texts {
+        words.extend(pre_tokens(t)?);
+    }
+    words.sort();
+    words.dedup();
+    Tok::build_word_level(&words, &SPECIALS)
+}
+
+/// Write a tiny card whose vocabulary comes from task panels into `out`.
+pub fn write_tiny_model_from_panels(
+    tasks: &[crate::env::Task],
+    out: &Path,
+) -> Result<(ModelConfig, usize), ModelError> {
+    std::fs::create_dir_all(out).map_err(|e| ModelError::Io {
+        path: out.to_path_buf(),
+        source: e,
+    })?;
+    let tok = tiny_tokenizer_from_panels(tasks)?;
+    let cfg = tiny_config(tok.vocab_size());
+    tok.save(&out.join("tokenizer.json"))?;
+    cfg.save(&out.join("config.json"))?;
+    Ok((cfg, tok.vocab_size()))
+}
+
 /// Write a built-in env's tiny card (`config.json` and `tokenizer.json`)
 /// into `out`.
 pub fn write_tiny_model_for(
@@ -91,6 +157,33 @@ mod tests {
         assert_eq!(cfg, tiny_config(fresh.vocab_size()));
         assert_eq!(tok.token_id("[EOS]"), cfg.eos_token_id);
         assert_eq!(tok.token_id("[BOS]"), cfg.bos_token_id);
+    }
+
+    #[test]
+    fn a_vocabulary_from_panels_encodes_every_panel_text() {
+        // A panel of shop tasks, as an external env's would be: the
+        // household vocabulary lacks its words, the panel's own has them.
+        let tasks = panel::read_jsonl(&root().join("envs/shop/test.jsonl")).unwrap();
+        let texts: Vec<&str> = tasks
+            .iter()
+            .flat_map(|t| {
+                std::iter::once(t.goal.as_str()).chain(t.expert.iter().map(String::as_str))
+            })
+            .collect();
+        assert!(!tiny_tokenizer()
+            .unwrap()
+            .unencodable_words(texts.clone())
+            .is_empty());
+        let tok = tiny_tokenizer_from_panels(&tasks).unwrap();
+        assert_eq!(tok.unencodable_words(texts), Vec::<String>::new());
+        for w in SCAFFOLD_WORDS {
+            assert!(tok.token_id(w).is_some(), "{w}");
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let (cfg, n) = write_tiny_model_from_panels(&tasks, tmp.path()).unwrap();
+        assert_eq!(cfg.vocab_size, n);
+        let back = Tok::from_file(&tmp.path().join("tokenizer.json")).unwrap();
+        assert_eq!(back.vocab_size(), n);
     }
 
     #[test]

@@ -16,9 +16,13 @@ use actguide::env::BuiltinEnv;
 // Flags of `actguide init-tiny`.
 #[derive(Args)]
 pub struct InitTinyArgs {
-    /// The env whose vocabulary the tokenizer covers.
+    /// The built-in env whose vocabulary the tokenizer covers.
     #[arg(long, default_value = "household")]
     env: BuiltinEnv,
+    /// Build the vocabulary from task panels instead (any env, external
+    /// ones too: goals, expert actions and world texts); needs --out.
+    #[arg(long = "panel", required = false)]
+    panels: Vec<PathBuf>,
     /// Output folder (default: models/tiny, or models/tiny-<env>).
     #[arg(long)]
     out: Option<PathBuf>,
@@ -26,11 +30,24 @@ pub struct InitTinyArgs {
 
 pub fn init_tiny(a: InitTinyArgs) -> Result<()> {
     let env = a.env;
-    let out = a.out.unwrap_or_else(|| match env {
-        BuiltinEnv::Household => PathBuf::from("models/tiny"),
-        e => PathBuf::from(format!("models/tiny-{e}")),
-    });
-    let (cfg, n) = actguide::tiny::write_tiny_model_for(env, &out)?;
+    let (out, (cfg, n)) = if a.panels.is_empty() {
+        let out = a.out.unwrap_or_else(|| match env {
+            BuiltinEnv::Household => PathBuf::from("models/tiny"),
+            e => PathBuf::from(format!("models/tiny-{e}")),
+        });
+        let written = actguide::tiny::write_tiny_model_for(env, &out)?;
+        (out, written)
+    } else {
+        let Some(out) = a.out else {
+            anyhow::bail!("--panel needs --out DIR (the built-in cards stay as they are)");
+        };
+        let mut tasks = Vec::new();
+        for p in &a.panels {
+            tasks.extend(actguide::env::panel::read_jsonl(p)?);
+        }
+        let written = actguide::tiny::write_tiny_model_from_panels(&tasks, &out)?;
+        (out, written)
+    };
     println!(
         "wrote {}/config.json and tokenizer.json ({} tokens, {} layers, hidden {})",
         out.display(),
