@@ -193,6 +193,23 @@ fn http_env_server_healthy_dying_and_malformed() {
         .unwrap();
     assert_eq!(live["live"], 0, "{live}");
 
+    // Expert actions from the server's `GET /expert?id=`: the client's
+    // panel has none, the server's panel has them.
+    let noexpert = panel(tmp.path(), "http-noexpert", |t| {
+        let mut w = t.clone();
+        w["world"] = json!({ "task": t });
+        w["expert"] = json!([]);
+        w
+    });
+    let gold = Server::start(&["--panel", p.to_str().unwrap()]);
+    let env = format!("kind: \"http\", url: \"{}\", expert_endpoint: true", gold.1);
+    let (m, errs, _) = run(tmp.path(), "http-expert", &env, &noexpert, &noexpert);
+    assert_eq!(errors(&m), 0, "{errs:?}");
+    assert!(
+        m.iter().any(|l| l["depth_mean"].as_f64().unwrap() > 0.0),
+        "{m:?}"
+    );
+
     // Malformed replies for even-numbered tasks after the first step.
     let bad = Server::start(&["--malformed-after-steps", "1", "--fault-every", "2"]);
     let env = format!("kind: \"http\", url: \"{}\"", bad.1);
@@ -274,6 +291,7 @@ fn silent_and_unreachable_envs_time_out_with_a_clear_error() {
         kind: EnvKind::Http {
             url: format!("http://127.0.0.1:{port}"),
             id_field: "id".into(),
+            expert_endpoint: false,
         },
         limits,
         success_reward: 1.0,

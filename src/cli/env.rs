@@ -32,6 +32,9 @@ pub struct ServeEnvArgs {
     /// Faults only for tasks whose id number is divisible by this.
     #[arg(long, default_value_t = 1)]
     fault_every: usize,
+    /// http: answer `GET /expert?id=` for this panel's tasks.
+    #[arg(long)]
+    panel: Option<std::path::PathBuf>,
 }
 
 pub fn serve_env(a: ServeEnvArgs) -> Result<()> {
@@ -43,7 +46,10 @@ pub fn serve_env(a: ServeEnvArgs) -> Result<()> {
     match a.protocol.as_str() {
         "stdio" => serve_stdio(a.env, a.max_steps, faults)?,
         "http" => {
-            let server = HttpServer::bind(a.env, a.port, a.max_steps, faults)?;
+            let mut server = HttpServer::bind(a.env, a.port, a.max_steps, faults)?;
+            if let Some(p) = &a.panel {
+                server = server.with_panel(actguide::env::panel::read_jsonl(p)?);
+            }
             // The URL goes first, and now: clients read it to connect.
             println!("listening on {}", server.url());
             std::io::stdout().flush()?;

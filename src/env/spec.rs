@@ -15,6 +15,8 @@ pub enum EnvKind {
     Http {
         url: String,
         id_field: String,
+        /// Ask `GET /expert?id=` for tasks without expert actions.
+        expert_endpoint: bool,
     },
     /// A program speaking `envs/PROTOCOL.md` on stdin/stdout.
     Subprocess {
@@ -46,7 +48,7 @@ impl EnvSpec {
 pub fn make_env(spec: &EnvSpec, max_steps: usize) -> Box<dyn Env> {
     match &spec.kind {
         EnvKind::Builtin(k) => k.env(max_steps),
-        EnvKind::Http { url, id_field } => Box::new(StepLimit::new(
+        EnvKind::Http { url, id_field, .. } => Box::new(StepLimit::new(
             external::http::HttpEnv::new(url, id_field, spec.limits, spec.success_reward),
             max_steps,
         )),
@@ -61,18 +63,36 @@ pub fn make_env(spec: &EnvSpec, max_steps: usize) -> Box<dyn Env> {
     }
 }
 
-/// Fill in missing expert actions of a subprocess env's tasks by asking
-/// the env (`expert` request); http servers have no such request, so
-/// their panels must carry them.
+/// Asks an env for one task's expert actions.
+type ExpertFn = dyn FnMut(&Task) -> Result<Vec<String>, EnvError>;
+
+/// Fill in missing expert actions by asking the env: a subprocess env's
+/// `expert` request, or an http server's `GET /expert?id=` when
+/// `env.expert_endpoint` says it has one (AgentGym's API has none, so
+/// those panels must carry them).
 pub fn fill_experts(spec: &EnvSpec, tasks: &mut [Task]) -> Result<usize, EnvError> {
-    let EnvKind::Subprocess { command } = &spec.kind else {
-        return Ok(0);
+    let mut ask: Box<ExpertFn> = match &spec.kind {
+        EnvKind::Subprocess { command } => {
+            let mut env = external::subprocess::SubprocessEnv::new(
+                command.clone(),
+                spec.limits,
+                spec.success_reward,
+            );
+            Box::new(move |t| env.expert(t))
+        }
+        EnvKind::Http {
+            url,
+            id_field,
+            expert_endpoint: true,
+        } => {
+            let env = external::http::HttpEnv::new(url, id_field, spec.limits, spec.success_reward);
+            Box::new(move |t| env.expert(t))
+        }
+        _ => return Ok(0),
     };
-    let mut env =
-        external::subprocess::SubprocessEnv::new(command.clone(), spec.limits, spec.success_reward);
     let mut n = 0;
     for t in tasks.iter_mut().filter(|t| t.expert.is_empty()) {
-        t.expert = env.expert(t)?;
+        t.expert = ask(t)?;
         if t.difficulty == 0 {
             t.difficulty = t.expert.len();
         }

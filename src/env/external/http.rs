@@ -47,13 +47,29 @@ impl HttpEnv {
     /// One request; `body` None is a GET. Non-JSON replies, HTTP errors
     /// and `{"error": …}` are errors.
     fn call(&self, path: &str, body: Option<Value>) -> Result<Value, EnvError> {
-        let name = self.name();
         let url = format!("{}/{path}", self.base);
         let op = path.split('?').next().unwrap_or(path);
         let resp = match body {
             Some(b) => self.agent.post(&url).send_json(&b),
             None => self.agent.get(&url).call(),
         };
+        self.reply(op, resp)
+    }
+
+    /// `GET /<op>?<key>=<value>` (the value percent-encoded).
+    fn call_query(&self, op: &str, key: &str, value: &str) -> Result<Value, EnvError> {
+        let url = format!("{}/{op}", self.base);
+        self.reply(op, self.agent.get(&url).query(key, value).call())
+    }
+
+    /// A reply as JSON: non-JSON replies, HTTP errors and `{"error": …}`
+    /// are errors.
+    fn reply(
+        &self,
+        op: &str,
+        resp: Result<ureq::http::Response<ureq::Body>, ureq::Error>,
+    ) -> Result<Value, EnvError> {
+        let name = self.name();
         let mut resp = resp.map_err(|e| err(&name, op, e))?;
         let status = resp.status();
         let text = resp
@@ -96,6 +112,34 @@ impl HttpEnv {
             .clone();
         self.env_id = Some(id.clone());
         Ok(id)
+    }
+
+    /// A task's expert actions from the server's `GET /expert?id=<task
+    /// id>` (a reply `{"expert": [...]}`; `actions` is read too). AgentGym
+    /// servers have no such route; servers that know the gold paths can
+    /// offer it (`actguide serve-env --protocol http --panel P` does).
+    pub fn expert(&self, task: &Task) -> Result<Vec<String>, EnvError> {
+        let mut last = None;
+        for attempt in 0..=self.limits.retries {
+            if attempt > 0 {
+                std::thread::sleep(std::time::Duration::from_millis(100 * attempt as u64));
+            }
+            match self.call_query("expert", "id", &task.id) {
+                Ok(v) => {
+                    let list = v.get("expert").or_else(|| v.get("actions"));
+                    if !list.is_some_and(Value::is_array) {
+                        return Err(err(
+                            &self.name(),
+                            "expert",
+                            "the reply has no `expert` array",
+                        ));
+                    }
+                    return Ok(strings(list));
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.expect("at least one attempt"))
     }
 
     fn actions_if_missing(&self, v: &Value, id: &Value) -> Vec<String> {

@@ -73,6 +73,8 @@ enum RequestError {
     NoTask(serde_json::Error),
     #[error("no env {0}")]
     NoEnv(u64),
+    #[error("no task {0:?} in the served panel (serve-env --panel)")]
+    NoTaskId(String),
     #[error(transparent)]
     Env(#[from] EnvError),
     #[error("step needs an `action` string")]
@@ -175,6 +177,9 @@ pub struct HttpServer {
     kind: BuiltinEnv,
     max_steps: usize,
     faults: Faults,
+    /// Tasks by id, for `GET /expert?id=` (empty: the route answers an
+    /// error).
+    panel: BTreeMap<String, Task>,
 }
 
 /// The envs an HTTP server holds: id → (env, id of the task it was reset to).
@@ -193,7 +198,15 @@ impl HttpServer {
             kind,
             max_steps,
             faults,
+            panel: BTreeMap::new(),
         })
+    }
+
+    /// Serve `GET /expert?id=` for these tasks (their expert actions, or a
+    /// plan for household tasks without any).
+    pub fn with_panel(mut self, tasks: Vec<Task>) -> Self {
+        self.panel = tasks.into_iter().map(|t| (t.id.clone(), t)).collect();
+        self
     }
 
     pub fn url(&self) -> String {
@@ -230,6 +243,15 @@ impl HttpServer {
                 }
                 // How many envs are open (tests check that runs close theirs).
                 ("GET", "/live") => Ok(json!({ "live": envs.len() })),
+                ("GET", "/expert") => {
+                    let id = query_value(&path, "id").unwrap_or_default();
+                    match self.panel.get(&id) {
+                        Some(t) => builtin_expert(self.kind, t)
+                            .map(|a| json!({ "expert": a }))
+                            .map_err(RequestError::from),
+                        None => Err(RequestError::NoTaskId(id)),
+                    }
+                }
                 ("POST", "/step") => {
                     steps += 1;
                     let id = body["id"].as_u64().unwrap_or(0);
@@ -256,6 +278,39 @@ impl HttpServer {
         }
         Ok(())
     }
+}
+
+/// The percent-decoded value of `key` in a request path's query string.
+fn query_value(path: &str, key: &str) -> Option<String> {
+    let query = path.split_once('?')?.1;
+    query.split('&').find_map(|kv| {
+        let (k, v) = kv.split_once('=')?;
+        (k == key).then(|| percent_decode(v))
+    })
+}
+
+/// `%XX` escapes and `+` (space) of a query value.
+fn percent_decode(v: &str) -> String {
+    let b = v.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = b
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (b[i], hex) {
+            (b'%', Some(x)) => {
+                out.push(x);
+                i += 3;
+                continue;
+            }
+            (b'+', _) => out.push(b' '),
+            (c, _) => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// `/reset`: reset env `id` to the task in the body.
@@ -314,4 +369,24 @@ fn respond(stream: &mut TcpStream, code: u16, body: &str) {
         body.len()
     );
     let _ = stream.flush();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_values_are_found_and_decoded() {
+        assert_eq!(query_value("/expert?id=a-1", "id").as_deref(), Some("a-1"));
+        assert_eq!(
+            query_value("/expert?x=1&id=a%20b+c%2Fd", "id").as_deref(),
+            Some("a b c/d")
+        );
+        assert_eq!(
+            query_value("/expert?id=%zz%", "id").as_deref(),
+            Some("%zz%")
+        );
+        assert_eq!(query_value("/expert?id=é%", "id").as_deref(), Some("é%"));
+        assert_eq!(query_value("/expert", "id"), None);
+    }
 }

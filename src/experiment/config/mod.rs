@@ -96,6 +96,10 @@ pub struct EnvSection {
     /// ALFWorld adapter, "env_idx" for its WebShop adapter).
     #[serde(default)]
     pub id_field: IdField,
+    /// http: the server answers `GET /expert?id=<task id>` with the task's
+    /// expert actions (asked for tasks whose panel line has none).
+    #[serde(default)]
+    pub expert_endpoint: bool,
     /// subprocess: the program and its arguments.
     #[serde(default)]
     pub command: Vec<String>,
@@ -156,6 +160,7 @@ impl EnvSection {
             EnvKindName::Http => EnvKind::Http {
                 url: self.url.clone().unwrap_or_default(),
                 id_field: self.id_field.as_str().to_string(),
+                expert_endpoint: self.expert_endpoint,
             },
             EnvKindName::Subprocess => EnvKind::Subprocess {
                 command: self.command.clone(),
