@@ -58,9 +58,9 @@ impl<'t> Fmt<'t> {
             .max_position_embeddings
             .saturating_sub(opts.max_action_tokens + 1)
             .max(8);
-        let eos = cfg.eos_token_id.unwrap_or(0);
         let (chat, stop) = match opts.format {
-            PromptFormat::Plain => (None, eos),
+            // Answers end at the model's eos: without one, none would end.
+            PromptFormat::Plain => (None, cfg.eos_token_id.ok_or(RolloutError::NoEos)?),
             PromptFormat::Chat(explicit) => {
                 let t = match explicit {
                     Some(t) => {

@@ -82,6 +82,12 @@ pub enum RolloutError {
     /// The tokenizer does not fit the chat format.
     #[error("rollout.format: {0}")]
     Chat(#[from] ChatError),
+    /// The plain format ends answers at the model's eos.
+    #[error(
+        "the model's config.json has no eos_token_id, which rollout.format \"plain\" \
+         ends answers with; set it, or use rollout.format \"chat\""
+    )]
+    NoEos,
 }
 
 #[cfg(test)]

@@ -223,3 +223,36 @@ fn an_inadmissible_expert_action_is_neither_executed_nor_recorded() {
     assert_eq!(prefix.len(), 1);
     assert_eq!(prefix[0].action, task.expert[0]);
 }
+
+#[test]
+fn the_plain_format_needs_an_eos_token() {
+    let tok = crate::tiny::tiny_tokenizer().unwrap();
+    let mut cfg = crate::tiny::tiny_config(tok.vocab_size());
+    cfg.eos_token_id = None;
+    let policy = Policy::new_random(
+        &cfg,
+        &mut crate::seed::rng(7, &[1]),
+        &candle_core::Device::Cpu,
+    )
+    .unwrap();
+    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let task =
+        crate::env::panel::read_jsonl(&root.join("envs/household/test.jsonl")).unwrap()[0].clone();
+    let reqs = [EpisodeRequest {
+        task: &task,
+        spec: ResolvedSpec::default(),
+    }];
+    let mut rng = crate::seed::rng(7, &[3]);
+    let e = run(
+        &policy,
+        &tok,
+        &household,
+        &reqs,
+        &opts(4, None),
+        &mut rng,
+        None,
+    )
+    .unwrap_err();
+    assert!(matches!(e, RolloutError::NoEos), "{e}");
+    assert!(e.to_string().contains("no eos_token_id"), "{e}");
+}
