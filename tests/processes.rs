@@ -143,3 +143,99 @@ fn sigint_ends_the_step_and_writes_a_checkpoint_and_a_live_run_refuses_a_resume(
     let latest = std::fs::read_to_string(run_dir.join("checkpoints/latest")).unwrap();
     assert_eq!(latest.trim(), format!("step-{done:06}"));
 }
+
+/// The metrics lines of a run, `time` blocks removed.
+fn metrics_without_time(run_dir: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(run_dir.join("metrics.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| {
+            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+            v.as_object_mut().unwrap().remove("time");
+            v
+        })
+        .collect()
+}
+
+#[test]
+fn sigkill_at_any_moment_then_resume_equals_an_uninterrupted_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let steps = 10;
+    let with_checkpoints = |name: &str| {
+        let p = write_experiment(tmp.path(), name, steps);
+        let src = std::fs::read_to_string(&p)
+            .unwrap()
+            .replace("checkpoint: #{ every: 0 }", "checkpoint: #{ every: 1 }");
+        std::fs::write(&p, src).unwrap();
+        p
+    };
+    let full = with_checkpoints("whole");
+    let out = Command::new(BIN)
+        .args(["run", full.to_str().unwrap(), "--plain"])
+        .current_dir(root())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let want = metrics_without_time(&tmp.path().join("runs/whole"));
+    assert_eq!(want.len(), steps);
+
+    let exp = with_checkpoints("killed");
+    let dir = tmp.path().join("runs/killed");
+    // Kill delays from a fixed list: early (setup, first checkpoint) to
+    // mid-step; the last attempt runs to the end.
+    let delays_ms = [120u64, 450, 250, 700, 350, 900, 200, 600, 300, 800];
+    let mut kills = 0;
+    for attempt in 0..=delays_ms.len() {
+        let resumable = dir.join("checkpoints/latest").is_file();
+        if !resumable && dir.exists() {
+            // Killed before its first checkpoint: start over.
+            std::fs::remove_dir_all(&dir).unwrap();
+        }
+        let mut cmd = Command::new(BIN);
+        if resumable {
+            cmd.args(["run", "--resume", dir.to_str().unwrap(), "--plain"]);
+        } else {
+            cmd.args(["run", exp.to_str().unwrap(), "--plain"]);
+        }
+        let mut child = cmd
+            .current_dir(root())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        match delays_ms.get(attempt) {
+            Some(&ms) => {
+                std::thread::sleep(Duration::from_millis(ms));
+                if child.try_wait().unwrap().is_none() {
+                    child.kill().unwrap(); // SIGKILL
+                    kills += 1;
+                }
+                child.wait().unwrap();
+            }
+            None => {
+                let out = child.wait_with_output().unwrap();
+                assert!(
+                    out.status.success(),
+                    "{}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+        }
+        if metrics_without_time(&dir).len() == steps
+            && dir.join(format!("checkpoints/step-{steps:06}")).is_dir()
+        {
+            break;
+        }
+    }
+    eprintln!("sigkill campaign: {kills} kills landed, then a clean finish");
+    assert!(kills >= 2, "only {kills} kills landed");
+    // Whole, unique, consecutive lines, equal to the uninterrupted run's.
+    let got = metrics_without_time(&dir);
+    let idx: Vec<u64> = got.iter().map(|v| v["step"].as_u64().unwrap()).collect();
+    assert_eq!(idx, (0..steps as u64).collect::<Vec<_>>());
+    assert_eq!(got, want);
+}
