@@ -133,15 +133,33 @@ impl std::fmt::Display for GuidanceSpec {
 }
 
 /// Register the spec type and its constructors with the engine.
+type SpecResult = Result<GuidanceSpec, Box<rhai::EvalAltResult>>;
+
+/// A spec constructor's number, refused when inf or NaN (it would
+/// otherwise become depth 0, unguided, without a word).
+fn finite(what: &str, x: f64) -> Result<f64, Box<rhai::EvalAltResult>> {
+    if x.is_finite() {
+        Ok(x)
+    } else {
+        Err(format!("{what}: the argument must be a finite number, got {x}").into())
+    }
+}
+
 pub fn register(engine: &mut Engine) {
     engine
         .register_type_with_name::<GuidanceSpec>("Spec")
         .register_fn("none", || GuidanceSpec::None)
         .register_fn("prefix", |n: i64| GuidanceSpec::Prefix { n })
-        .register_fn("prefix", |n: f64| GuidanceSpec::Prefix {
-            n: n.round() as i64,
+        .register_fn("prefix", |n: f64| -> SpecResult {
+            Ok(GuidanceSpec::Prefix {
+                n: finite("prefix", n)?.round() as i64,
+            })
         })
-        .register_fn("prefix_ratio", |r: f64| GuidanceSpec::PrefixRatio { r })
+        .register_fn("prefix_ratio", |r: f64| -> SpecResult {
+            Ok(GuidanceSpec::PrefixRatio {
+                r: finite("prefix_ratio", r)?,
+            })
+        })
         .register_fn("prefix_ratio", |r: i64| GuidanceSpec::PrefixRatio {
             r: r as f64,
         })
@@ -149,9 +167,11 @@ pub fn register(engine: &mut Engine) {
             k,
             loss: PlanLoss::Default,
         })
-        .register_fn("plan", |k: f64| GuidanceSpec::Plan {
-            k: k.round() as i64,
-            loss: PlanLoss::Default,
+        .register_fn("plan", |k: f64| -> SpecResult {
+            Ok(GuidanceSpec::Plan {
+                k: finite("plan", k)?.round() as i64,
+                loss: PlanLoss::Default,
+            })
         })
         // `plan(k).with_loss("dual")`: a two-argument `plan` would be
         // shadowed by the script's own entry point plan(task, state).
