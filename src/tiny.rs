@@ -108,11 +108,15 @@ pub fn write_tiny_model_from_panels(
     tasks: &[crate::env::Task],
     out: &Path,
 ) -> Result<(ModelConfig, usize), ModelError> {
+    write_card(&tiny_tokenizer_from_panels(tasks)?, out)
+}
+
+/// Write `tok` and the tiny config for its vocabulary into `out`.
+fn write_card(tok: &Tok, out: &Path) -> Result<(ModelConfig, usize), ModelError> {
     std::fs::create_dir_all(out).map_err(|e| ModelError::Io {
         path: out.to_path_buf(),
         source: e,
     })?;
-    let tok = tiny_tokenizer_from_panels(tasks)?;
     let cfg = tiny_config(tok.vocab_size());
     tok.save(&out.join("tokenizer.json"))?;
     cfg.save(&out.join("config.json"))?;
@@ -125,15 +129,7 @@ pub fn write_tiny_model_for(
     env: BuiltinEnv,
     out: &Path,
 ) -> Result<(ModelConfig, usize), ModelError> {
-    std::fs::create_dir_all(out).map_err(|e| ModelError::Io {
-        path: out.to_path_buf(),
-        source: e,
-    })?;
-    let tok = tiny_tokenizer_for(env)?;
-    let cfg = tiny_config(tok.vocab_size());
-    tok.save(&out.join("tokenizer.json"))?;
-    cfg.save(&out.join("config.json"))?;
-    Ok((cfg, tok.vocab_size()))
+    write_card(&tiny_tokenizer_for(env)?, out)
 }
 
 #[cfg(test)]

@@ -189,8 +189,11 @@ pub fn save(
 /// The hex SHA-256 of a file.
 fn sha256_file(path: &Path) -> Result<String, CheckpointError> {
     use sha2::{Digest, Sha256};
-    let bytes = std::fs::read(path).map_err(io(path))?;
-    Ok(format!("{:x}", Sha256::digest(&bytes)))
+    // Streamed: a real model's weights need not sit in memory twice.
+    let mut file = std::fs::File::open(path).map_err(io(path))?;
+    let mut hasher = Sha256::new();
+    std::io::copy(&mut file, &mut hasher).map_err(io(path))?;
+    Ok(format!("{:x}", hasher.finalize()))
 }
 
 /// Write `SHA256SUMS` over every file of the checkpoint folder `dir`, in

@@ -89,12 +89,18 @@ impl HttpEnv {
 
     /// Repeat a request that is safe to repeat.
     fn call_retrying(&self, path: &str, body: Option<Value>) -> Result<Value, EnvError> {
+        self.retrying(|| self.call(path, body.clone()))
+    }
+
+    /// `request` until it succeeds, at most `retries` more times, backing
+    /// off a little more each time.
+    fn retrying(&self, request: impl Fn() -> Result<Value, EnvError>) -> Result<Value, EnvError> {
         let mut last = None;
         for attempt in 0..=self.limits.retries {
             if attempt > 0 {
                 std::thread::sleep(std::time::Duration::from_millis(100 * attempt as u64));
             }
-            match self.call(path, body.clone()) {
+            match request() {
                 Ok(v) => return Ok(v),
                 Err(e) => last = Some(e),
             }
@@ -119,27 +125,16 @@ impl HttpEnv {
     /// servers have no such route; servers that know the gold paths can
     /// offer it (`actguide serve-env --protocol http --panel P` does).
     pub fn expert(&self, task: &Task) -> Result<Vec<String>, EnvError> {
-        let mut last = None;
-        for attempt in 0..=self.limits.retries {
-            if attempt > 0 {
-                std::thread::sleep(std::time::Duration::from_millis(100 * attempt as u64));
-            }
-            match self.call_query("expert", "id", &task.id) {
-                Ok(v) => {
-                    let list = v.get("expert").or_else(|| v.get("actions"));
-                    if !list.is_some_and(Value::is_array) {
-                        return Err(err(
-                            &self.name(),
-                            "expert",
-                            "the reply has no `expert` array",
-                        ));
-                    }
-                    return Ok(strings(list));
-                }
-                Err(e) => last = Some(e),
-            }
+        let v = self.retrying(|| self.call_query("expert", "id", &task.id))?;
+        let list = v.get("expert").or_else(|| v.get("actions"));
+        if !list.is_some_and(Value::is_array) {
+            return Err(err(
+                &self.name(),
+                "expert",
+                "the reply has no `expert` array",
+            ));
         }
-        Err(last.expect("at least one attempt"))
+        Ok(strings(list))
     }
 
     fn actions_if_missing(&self, v: &Value, id: &Value) -> Vec<String> {

@@ -291,26 +291,9 @@ fn query_value(path: &str, key: &str) -> Option<String> {
 
 /// `%XX` escapes and `+` (space) of a query value.
 fn percent_decode(v: &str) -> String {
-    let b = v.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let hex = b
-            .get(i + 1..i + 3)
-            .and_then(|h| std::str::from_utf8(h).ok())
-            .and_then(|h| u8::from_str_radix(h, 16).ok());
-        match (b[i], hex) {
-            (b'%', Some(x)) => {
-                out.push(x);
-                i += 3;
-                continue;
-            }
-            (b'+', _) => out.push(b' '),
-            (c, _) => out.push(c),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    percent_encoding::percent_decode_str(&v.replace('+', " "))
+        .decode_utf8_lossy()
+        .into_owned()
 }
 
 /// `/reset`: reset env `id` to the task in the body.

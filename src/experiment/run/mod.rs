@@ -257,16 +257,13 @@ pub fn run(
             run_eval(&mut ctx, step, &make, on_event)?;
         }
         let ck = ctx.exp.checkpoint.every;
-        let saved = step == steps || (ck > 0 && step % ck == 0);
-        if saved {
+        // An interrupt stops here, with a checkpoint off the schedule too.
+        let interrupt = opts.interrupted() && step < steps;
+        if interrupt || step == steps || (ck > 0 && step % ck == 0) {
             let dir = save_checkpoint(&ctx, step)?;
             on_event(Event::Checkpoint(dir));
         }
-        if opts.interrupted() && step < steps {
-            if !saved {
-                let dir = save_checkpoint(&ctx, step)?;
-                on_event(Event::Checkpoint(dir));
-            }
+        if interrupt {
             on_event(Event::Log(format!(
                 "interrupted: stopped after step {step} of {steps} with a checkpoint; \
                  continue with `actguide run --resume {}`",

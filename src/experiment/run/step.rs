@@ -65,16 +65,8 @@ pub(super) fn train_step(
     for r in &update.reverts {
         log_reload(ctx, step, r, on_event)?;
     }
-    log_env_failures(ctx, step, &driven.groups, on_event)?;
-    log_inadmissible_experts(ctx, step, &driven.groups, on_event)?;
-    log_oversized_plans(
-        ctx.exp.rollout.group_size,
-        step,
-        &task_idx,
-        ctx,
-        &driven.groups,
-        on_event,
-    );
+    log_env_errors(ctx, step, &driven.groups, on_event)?;
+    log_oversized_plans(ctx.exp.rollout.group_size, step, &driven.groups, on_event);
     Ok(line)
 }
 
@@ -397,41 +389,52 @@ fn update_script(
     }
 }
 
-/// Episodes the env failed (dead server, malformed reply, …): each goes
-/// to `env_errors.jsonl` with its reason; the batch trained without them
-/// losing anything else.
-fn log_env_failures(
+/// Episodes the env failed (dead server, malformed reply, …) and expert
+/// actions it did not admit: each goes to `env_errors.jsonl` with its
+/// task, and the run says so once per step and kind. (The batch trained
+/// without the failed episodes.)
+fn log_env_errors(
     ctx: &Ctx,
     step: usize,
     groups: &[TaskRounds<Episode>],
     on_event: &mut dyn FnMut(Event),
 ) -> Result<(), RunError> {
-    let failed: Vec<(String, String)> = groups
-        .iter()
-        .flat_map(|g| g.all.iter())
-        .filter_map(|r| {
-            r.ep.error
-                .as_ref()
-                .map(|e| (r.ep.task_id.clone(), e.clone()))
+    let episodes = || groups.iter().flat_map(|g| g.all.iter()).map(|r| &r.ep);
+    let failed: Vec<(&str, String)> = episodes()
+        .filter_map(|e| Some((e.task_id.as_str(), e.error.clone()?)))
+        .collect();
+    let inadmissible: Vec<(&str, String)> = episodes()
+        .filter_map(|e| {
+            let action = e.expert_inadmissible.as_ref()?;
+            Some((
+                e.task_id.as_str(),
+                format!(
+                    "expert action {action:?} is not admissible here: the executed prefix \
+                     stopped before it"
+                ),
+            ))
         })
         .collect();
-    if failed.is_empty() {
-        return Ok(());
+    for (what, list) in [
+        ("failed in the env", &failed),
+        ("met an inadmissible expert action", &inadmissible),
+    ] {
+        let Some((first_task, first_error)) = list.first() else {
+            continue;
+        };
+        for (task, error) in list {
+            ctx.dir.append(&EnvErrorLine {
+                step: Some(step),
+                task: Some(task.to_string()),
+                error: Some(error.clone()),
+            })?;
+        }
+        on_event(Event::Log(format!(
+            "step {}: {} episode(s) {what} (env_errors.jsonl), e.g. {first_task}: {first_error}",
+            step + 1,
+            list.len(),
+        )));
     }
-    for (task, error) in &failed {
-        ctx.dir.append(&EnvErrorLine {
-            step: Some(step),
-            task: Some(task.clone()),
-            error: Some(error.clone()),
-        })?;
-    }
-    on_event(Event::Log(format!(
-        "step {}: {} episode(s) failed in the env (env_errors.jsonl), e.g. {}: {}",
-        step + 1,
-        failed.len(),
-        failed[0].0,
-        failed[0].1
-    )));
     Ok(())
 }
 
@@ -441,19 +444,14 @@ fn log_env_failures(
 fn log_oversized_plans(
     group_size: usize,
     step: usize,
-    task_idx: &[usize],
-    ctx: &Ctx,
     groups: &[TaskRounds<Episode>],
     on_event: &mut dyn FnMut(Event),
 ) {
-    let big: Vec<(&str, usize)> = task_idx
+    let big: Vec<(&str, usize)> = groups
         .iter()
-        .zip(groups)
-        .map(|(&ti, g)| {
-            (
-                ctx.train[ti].id.as_str(),
-                g.all.iter().filter(|r| r.round == 0).count(),
-            )
+        .filter_map(|g| {
+            let round0: Vec<_> = g.all.iter().filter(|r| r.round == 0).collect();
+            Some((round0.first()?.ep.task_id.as_str(), round0.len()))
         })
         .filter(|&(_, n)| n > group_size)
         .collect();
@@ -465,37 +463,4 @@ fn log_oversized_plans(
             big.len()
         )));
     }
-}
-
-/// Expert actions the env did not admit: each episode's goes to
-/// `env_errors.jsonl` with its task, and the run says so once per step.
-fn log_inadmissible_experts(
-    ctx: &Ctx,
-    step: usize,
-    groups: &[TaskRounds<Episode>],
-    on_event: &mut dyn FnMut(Event),
-) -> Result<(), RunError> {
-    let bad: Vec<(&str, &str)> = groups
-        .iter()
-        .flat_map(|g| g.all.iter())
-        .filter_map(|r| Some((r.ep.task_id.as_str(), r.ep.expert_inadmissible.as_deref()?)))
-        .collect();
-    let Some(&(task, action)) = bad.first() else {
-        return Ok(());
-    };
-    for (task, action) in &bad {
-        ctx.dir.append(&EnvErrorLine {
-            step: Some(step),
-            task: Some(task.to_string()),
-            error: Some(format!(
-                "expert action {action:?} is not admissible here: the executed prefix stopped before it"
-            )),
-        })?;
-    }
-    on_event(Event::Log(format!(
-        "step {}: {} episode(s) met an inadmissible expert action (env_errors.jsonl), e.g. {task}: {action:?}",
-        step + 1,
-        bad.len(),
-    )));
-    Ok(())
 }
