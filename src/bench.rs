@@ -4,7 +4,6 @@
 
 use std::path::PathBuf;
 
-use candle_core::Device;
 
 use crate::env::{make_env, panel, Env};
 use crate::experiment::RunError;
@@ -29,6 +28,10 @@ pub struct BenchConfig {
     /// Guidance scripts whose entry-point cost is measured against the
     /// training step.
     pub scripts: Vec<PathBuf>,
+    /// Where the model runs.
+    pub device: crate::model::device::DeviceSpec,
+    /// Compute precision; `None`: the device's default (bf16 on CUDA).
+    pub dtype: Option<crate::model::Precision>,
 }
 
 /// Cost of one script's entry points per training step.
@@ -97,7 +100,9 @@ impl std::fmt::Display for BenchReport {
 pub fn run(cfg: &BenchConfig) -> Result<BenchReport, RunError> {
     let mcfg = ModelConfig::from_file(&cfg.model.join("config.json"))?;
     let tok = Tok::from_file(&cfg.model.join("tokenizer.json"))?;
-    let policy = Policy::new_random(&mcfg, &mut seed::rng(cfg.seed, &[1]), &Device::Cpu)?;
+    let device = cfg.device.open()?;
+    let policy = Policy::new_random(&mcfg, &mut seed::rng(cfg.seed, &[1]), &device)?
+        .with_precision(crate::model::Precision::resolve(cfg.dtype, cfg.device))?;
     let tasks = panel::read_jsonl(&cfg.panel)?;
     let mut trainer = Trainer::new(&policy, None, &TrainerSection::default(), cfg.steps, 1.0)?;
     let opts = RolloutOptions {

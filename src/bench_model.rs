@@ -64,6 +64,10 @@ pub struct ModelBenchConfig {
     pub lr: f64,
     /// Train LoRA adapters on the frozen base instead of every weight.
     pub lora: Option<crate::model::LoraConfig>,
+    /// Where the model runs.
+    pub device: crate::model::device::DeviceSpec,
+    /// Compute precision; `None`: the device's default (bf16 on CUDA).
+    pub dtype: Option<crate::model::Precision>,
 }
 
 impl Default for ModelBenchConfig {
@@ -78,6 +82,8 @@ impl Default for ModelBenchConfig {
             repeats: 2,
             seed: 0,
             lr: 1e-6,
+            device: Default::default(),
+            dtype: None,
         }
     }
 }
@@ -186,15 +192,15 @@ fn mean(xs: &[f64]) -> f64 {
 }
 
 /// Loads a `.gguf` file or a HF model folder (`config.json` + weights; no
-/// tokenizer needed) as a trainable f32 policy.
-pub fn load_model(path: &Path) -> Result<Policy, ModelBenchError> {
+/// tokenizer needed) as a trainable f32 policy on `device`.
+pub fn load_model(path: &Path, device: &Device) -> Result<Policy, ModelBenchError> {
     if path.is_dir() {
-        Ok(Policy::from_hf_dir(path, &Device::Cpu)?)
+        Ok(Policy::from_hf_dir(path, device)?)
     } else if path
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
     {
-        Ok(Policy::from_gguf(path, &Device::Cpu)?)
+        Ok(Policy::from_gguf(path, device)?)
     } else {
         Err(ModelBenchError::NotAModel(path.to_path_buf()))
     }
@@ -250,13 +256,17 @@ fn train_step(
     let loss = f64::from(loss.to_scalar::<f32>()?);
     let t = Instant::now();
     opt.step(&g, lr)?;
+    // Asynchronous devices (CUDA) finish the step before the clock stops.
+    policy.device().synchronize()?;
     Ok((loss, t.elapsed().as_secs_f64()))
 }
 
 /// Run the benchmark.
 pub fn run(cfg: &ModelBenchConfig) -> Result<ModelBenchReport, ModelBenchError> {
     let t0 = Instant::now();
-    let mut policy = load_model(&cfg.model)?;
+    let device = cfg.device.open()?;
+    let precision = crate::model::Precision::resolve(cfg.dtype, cfg.device);
+    let mut policy = load_model(&cfg.model, &device)?.with_precision(precision)?;
     if let Some(l) = &cfg.lora {
         policy = policy.with_lora(l, &mut seed::rng(cfg.seed, &[seed::label("lora")]))?;
     }
@@ -361,7 +371,14 @@ pub fn run_with(
         });
     }
     Ok(ModelBenchReport {
-        implementation: "actguide (candle, f32, CPU)".into(),
+        implementation: format!(
+            "actguide (candle, {}, {})",
+            policy.precision(),
+            match policy.device() {
+                Device::Cpu => "CPU".to_string(),
+                d => format!("{d:?}"),
+            }
+        ),
         model: model_name.to_string(),
         params: policy.num_params(),
         vocab_size: vocab,

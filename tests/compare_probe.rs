@@ -183,6 +183,7 @@ fn probe_walks_the_expert_trajectory_and_is_deterministic() {
         k: 4,
         initial: false,
         seed: 3,
+        device: None,
     };
     let a = probe(&s.run_dir, &o).unwrap();
     let b = probe(&s.run_dir, &o).unwrap();

@@ -117,7 +117,7 @@ fn lora_run_checkpoints_adapters_resumes_exactly_and_exports() {
     assert!(ck.join("tokenizer.json").exists() && ck.join("config.json").exists());
 
     // The trained policy: adapters moved away from zero, base untouched.
-    let m = eval::load_run(&full.run_dir).unwrap();
+    let m = eval::load_run(&full.run_dir, None).unwrap();
     assert_eq!(m.trained.lora().unwrap().rank, 4);
     assert_eq!(m.trained.named_vars().len(), 2 * 3 * 2);
     let b_norm: f32 = m
@@ -336,7 +336,7 @@ fn a_gguf_model_path_runs_in_chat_format_with_lora() {
     );
     assert_eq!(back.chat_template(), src.chat_template());
     let seqs = vec![src.tok.encode(text).unwrap()];
-    let m = eval::load_run(&s.run_dir).unwrap();
+    let m = eval::load_run(&s.run_dir, None).unwrap();
     let hf = Policy::from_hf_dir(&out, &Device::Cpu).unwrap();
     assert!(max_diff(&logp(&m.trained, &seqs), &logp(&hf, &seqs)) < 1e-4);
 }

@@ -88,8 +88,20 @@ fn same_seed_gives_identical_metrics() {
         samples: 4,
         max_tasks: 6,
         seed: 1,
+        device: None,
     };
     let e1 = eval_checkpoint(&sa.run_dir, &o).unwrap();
+    // `--device` reaches the model: a CUDA device in a CPU build is refused
+    // by name before anything loads.
+    #[cfg(not(feature = "cuda"))]
+    {
+        let cuda = EvalOptions {
+            device: Some(actguide::model::device::DeviceSpec::Cuda(0)),
+            ..o.clone()
+        };
+        let err = eval_checkpoint(&sa.run_dir, &cuda).unwrap_err().to_string();
+        assert!(err.contains("cuda:0") && err.contains("--features cuda"), "{err}");
+    }
     let e2 = eval_checkpoint(&sa.run_dir.join("checkpoints/step-000003"), &o).unwrap();
     assert_eq!(e1, e2);
     assert_eq!(e1["step"], 3);

@@ -9,6 +9,7 @@ use clap::Args;
 use actguide::experiment::eval::{eval_checkpoint, eval_table, EvalOptions};
 use actguide::experiment::export::ExportOptions;
 use actguide::experiment::probe::{probe_table, ProbeOptions};
+use actguide::model::device::DeviceSpec;
 
 use super::print_json;
 
@@ -28,6 +29,9 @@ pub struct EvalArgs {
     max_tasks: usize,
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Device (cpu, cuda, cuda:N); default: the run's model.device.
+    #[arg(long)]
+    device: Option<DeviceSpec>,
     /// Print JSON.
     #[arg(long)]
     json: bool,
@@ -41,6 +45,7 @@ pub fn eval(a: EvalArgs) -> Result<()> {
             samples: a.samples,
             max_tasks: a.max_tasks,
             seed: a.seed,
+            device: a.device,
         },
     )?;
     if a.json {
@@ -73,6 +78,9 @@ pub struct ProbeArgs {
     initial: bool,
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Device (cpu, cuda, cuda:N); default: the run's model.device.
+    #[arg(long)]
+    device: Option<DeviceSpec>,
     /// Also write the plot (SVG) here.
     #[arg(long)]
     plot: Option<PathBuf>,
@@ -91,6 +99,7 @@ pub fn probe(a: ProbeArgs) -> Result<()> {
             k: a.k,
             initial: a.initial,
             seed: a.seed,
+            device: a.device,
         },
     )?;
     if a.json {
@@ -122,6 +131,9 @@ pub struct ExportArgs {
     /// Shard weights into files of at most this many MB.
     #[arg(long)]
     max_shard_mb: Option<usize>,
+    /// Device (cpu, cuda, cuda:N); default: the run's model.device.
+    #[arg(long)]
+    device: Option<DeviceSpec>,
 }
 
 pub fn export(a: ExportArgs) -> Result<()> {
@@ -131,6 +143,7 @@ pub fn export(a: ExportArgs) -> Result<()> {
         &ExportOptions {
             adapter_only: a.adapter_only,
             max_shard_bytes: a.max_shard_mb.map(|mb| mb << 20),
+            device: a.device,
         },
     )?;
     println!(

@@ -8,7 +8,8 @@ use clap::Args;
 
 use actguide::bench::BenchConfig;
 use actguide::bench_model::ModelBenchConfig;
-use actguide::model::LoraConfig;
+use actguide::model::device::DeviceSpec;
+use actguide::model::{LoraConfig, Precision};
 
 use super::print_report;
 use actguide::env::BuiltinEnv;
@@ -84,6 +85,12 @@ pub struct BenchModelArgs {
     /// projection) instead of every weight.
     #[arg(long)]
     lora_rank: Option<usize>,
+    /// Device: cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    device: DeviceSpec,
+    /// Compute precision, f32 or bf16 (default: bf16 on CUDA, f32 on CPU).
+    #[arg(long)]
+    dtype: Option<Precision>,
     /// Print JSON.
     #[arg(long)]
     json: bool,
@@ -103,6 +110,8 @@ pub fn bench_model(a: BenchModelArgs) -> Result<()> {
             alpha: 2.0 * rank as f64,
             ..Default::default()
         }),
+        device: a.device,
+        dtype: a.dtype,
         ..Default::default()
     })?;
     print_report(&report, a.json)
@@ -131,6 +140,12 @@ pub struct BenchArgs {
     /// Guidance scripts whose entry-point cost per step is measured.
     #[arg(long, num_args = 0.., default_values = ["scripts/guidance/gaussian.rhai", "scripts/guidance/actguide.rhai", "scripts/guidance/binary_search.rhai"])]
     scripts: Vec<PathBuf>,
+    /// Device: cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    device: DeviceSpec,
+    /// Compute precision, f32 or bf16 (default: bf16 on CUDA, f32 on CPU).
+    #[arg(long)]
+    dtype: Option<Precision>,
     /// Print JSON.
     #[arg(long)]
     json: bool,
@@ -146,6 +161,8 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         max_steps: a.max_steps,
         seed: a.seed,
         scripts: a.scripts,
+        device: a.device,
+        dtype: a.dtype,
     })?;
     print_report(&report, a.json)
 }

@@ -95,6 +95,8 @@ pub struct EvalOptions {
     /// 0 = every task of the panel.
     pub max_tasks: usize,
     pub seed: u64,
+    /// Device to evaluate on; `None`: the run's `model.device`.
+    pub device: Option<crate::model::device::DeviceSpec>,
 }
 
 /// Per-task outcome counts of one policy.
@@ -170,19 +172,22 @@ pub struct RunModels {
 }
 
 /// Load `path`: a run directory (its latest checkpoint) or a checkpoint
-/// directory `<run>/checkpoints/step-NNNNNN`.
-pub fn load_run(path: &std::path::Path) -> Result<RunModels, crate::experiment::RunError> {
+/// directory `<run>/checkpoints/step-NNNNNN`, on `device` (`None`: the
+/// run's `model.device`) in the run's precision (`model.dtype`, resolved
+/// on that device).
+pub fn load_run(
+    path: &std::path::Path,
+    device: Option<crate::model::device::DeviceSpec>,
+) -> Result<RunModels, crate::experiment::RunError> {
     use crate::env::panel;
     use crate::experiment::config::Experiment;
     use crate::experiment::RunError;
     use crate::rundir::checkpoint::{self, STATE_FILE};
     use crate::rundir::{RunDir, EXPERIMENT_FILE};
-    use candle_core::Device;
     use std::path::Path;
 
-    let device = Device::Cpu;
-    let (run_dir, loaded) = if path.join(EXPERIMENT_FILE).exists() {
-        (path.to_path_buf(), checkpoint::load_latest(path, &device)?)
+    let (run_dir, ckpt) = if path.join(EXPERIMENT_FILE).exists() {
+        (path.to_path_buf(), None)
     } else if path.join(STATE_FILE).exists() {
         let run =
             path.parent()
@@ -190,13 +195,21 @@ pub fn load_run(path: &std::path::Path) -> Result<RunModels, crate::experiment::
                 .ok_or_else(|| RunError::CheckpointOutsideRun {
                     path: path.to_path_buf(),
                 })?;
-        (run.to_path_buf(), checkpoint::load_dir(path, &device)?)
+        (run.to_path_buf(), Some(path))
     } else {
         return Err(RunError::NotARun {
             path: path.to_path_buf(),
         });
     };
-    let exp: Experiment = RunDir::at(&run_dir).read_experiment()?;
+    let mut exp: Experiment = RunDir::at(&run_dir).read_experiment()?;
+    if let Some(d) = device {
+        exp.model.device = d;
+    }
+    let device = super::policies::device(&exp)?;
+    let loaded = match ckpt {
+        None => checkpoint::load_latest(&run_dir, &device)?,
+        Some(dir) => checkpoint::load_dir(dir, &device)?,
+    };
     let train = panel::read_jsonl(Path::new(&exp.env.train))?;
     let lens: Vec<usize> = train.iter().map(|t| t.expert.len()).collect();
     let clusters = Clusters::from_lengths(&lens, exp.guidance.clusters);
@@ -244,7 +257,7 @@ pub fn eval_checkpoint(
         clusters,
         ropts,
         ..
-    } = load_run(path)?;
+    } = load_run(path, o.device)?;
     let mut opts = ropts;
     let panel_path = panel_path(&exp, &o.panel);
     let mut tasks = panel::read_jsonl(&panel_path)?;

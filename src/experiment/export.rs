@@ -18,6 +18,8 @@ pub struct ExportOptions {
     pub adapter_only: bool,
     /// Shard the weights into files of at most this many bytes.
     pub max_shard_bytes: Option<usize>,
+    /// Device to load the checkpoint on; `None`: the run's `model.device`.
+    pub device: Option<crate::model::device::DeviceSpec>,
 }
 
 /// What was written.
@@ -36,7 +38,7 @@ pub struct ExportSummary {
 /// Exports `path` (a run directory: its latest checkpoint; or a checkpoint
 /// directory) into `out`.
 pub fn export(path: &Path, out: &Path, opts: &ExportOptions) -> Result<ExportSummary, RunError> {
-    let m = load_run(path)?;
+    let m = load_run(path, opts.device)?;
     let lora = m.trained.lora().is_some();
     let kind = if opts.adapter_only {
         if !lora {

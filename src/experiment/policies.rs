@@ -28,9 +28,11 @@ pub fn open(exp: &Experiment) -> Result<ModelSource, RunError> {
 }
 
 /// The run's initial policy without adapters: the source's weights, or a
-/// random init from the run seed. It is also the frozen KL reference.
+/// random init from the run seed, in the experiment's precision
+/// (`model.dtype`). It is also the frozen KL reference.
 pub fn initial(exp: &Experiment, src: &ModelSource, device: &Device) -> Result<Policy, ModelError> {
-    src.load(|| seed::rng(exp.seed, &[seed::label("init")]), device)
+    src.load(|| seed::rng(exp.seed, &[seed::label("init")]), device)?
+        .with_precision(exp.model.precision())
 }
 
 /// The policy a run trains: from the checkpoint `resumed` when given, else
@@ -52,7 +54,8 @@ pub fn trained(
                     l.dir.display()
                 )));
             }
-            Policy::from_tensors_with_arch(&src.cfg, &src.arch, l.weights.clone(), &file(l))
+            Policy::from_tensors_with_arch(&src.cfg, &src.arch, l.weights.clone(), &file(l))?
+                .with_precision(exp.model.precision())
         }
         (Some(lora), None) => initial(exp, src, device)?
             .with_lora(lora, &mut seed::rng(exp.seed, &[seed::label("lora")])),

@@ -30,6 +30,8 @@ pub struct ProbeOptions {
     /// Probe the run's initial policy instead of its checkpoint.
     pub initial: bool,
     pub seed: u64,
+    /// Device to probe on; `None`: the run's `model.device`.
+    pub device: Option<crate::model::device::DeviceSpec>,
 }
 
 /// One state along the guided trajectory.
@@ -108,7 +110,7 @@ pub fn probe(path: &Path, o: &ProbeOptions) -> Result<ProbeResult, RunError> {
         clusters,
         ropts,
         ..
-    } = load_run(path)?;
+    } = load_run(path, o.device)?;
     let policy = if o.initial { &initial } else { &trained };
     let panel_path = panel_path(&exp, &o.panel);
     let all = panel::read_jsonl(&panel_path)?;

@@ -30,7 +30,7 @@ use std::path::Path;
 
 use candle_core::quantized::gguf_file::{self, Value};
 use candle_core::quantized::QTensor;
-use candle_core::{Device, Tensor};
+use candle_core::{DType, Device, Tensor};
 
 pub use candle_core::quantized::GgmlDType;
 
@@ -391,7 +391,8 @@ impl Policy {
             let gname = hf_to_gguf_name(&name).ok_or_else(|| {
                 ModelError::InvalidArgument(format!("write_gguf: no GGUF name for tensor `{name}`"))
             })?;
-            let t = t.detach().to_device(&Device::Cpu)?;
+            // f32 for the quantiser whatever the policy's stored dtype.
+            let t = t.detach().to_device(&Device::Cpu)?.to_dtype(DType::F32)?;
             let t = match permuted_heads(cfg, arch, &name) {
                 Some(n) => permute_rows(&t, n)?,
                 None => t,

@@ -26,6 +26,8 @@
 //!   ([`LoraConfig`]); the adapters live in [`Policy`], and the methods
 //!   that attach, apply, merge and save them are in `lora/adapters.rs`
 //!   ([`Policy::with_lora`], [`Policy::merged`], [`Policy::save_adapter`]).
+//! - [`precision`]: [`Precision`] (`model.dtype`: f32 or bf16 compute
+//!   with f32 master weights and optimiser state).
 //! - [`names`]: every weight's checkpoint name (HF, GGUF, PEFT), stated
 //!   once.
 //! - [`source`]: [`ModelSource`], what a `model.path` names (HF folder or
@@ -51,6 +53,7 @@ pub mod llama;
 pub mod lora;
 pub mod names;
 mod ops;
+pub mod precision;
 mod sampler;
 pub mod source;
 pub mod tokenizer;
@@ -62,6 +65,7 @@ pub use gguf::{gguf_config, GgmlDType, GgufFile};
 pub use gguf_tokenizer::GgufVocab;
 pub use llama::{GenerateOptions, Generated, Policy, ScoreBatch, ScoreOutput};
 pub use lora::{LoraConfig, Proj};
+pub use precision::Precision;
 pub use source::ModelSource;
 pub use tokenizer::Tok;
 pub use trie::TokenTrie;

@@ -70,9 +70,21 @@ pub struct ModelSection {
     pub path: String,
     #[serde(default)]
     pub device: DeviceSpec,
+    /// Compute precision, `"f32"` or `"bf16"` (f32 master weights and
+    /// optimiser state either way; see [`crate::model::Precision`]).
+    /// Absent: bf16 on CUDA, f32 on CPU ([`ModelSection::precision`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dtype: Option<crate::model::Precision>,
     /// LoRA adapters on a frozen base; absent: every weight trains.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lora: Option<crate::model::LoraConfig>,
+}
+
+impl ModelSection {
+    /// The precision this section resolves to on its device.
+    pub fn precision(&self) -> crate::model::Precision {
+        crate::model::Precision::resolve(self.dtype, self.device)
+    }
 }
 
 /// Environment and task panels.

@@ -173,8 +173,12 @@ impl Policy {
                     .affine(scale, 0.0)?
                     .matmul(&k.t()?)?
                     .reshape((b, nkv, rep, t, s))?
+                    .to_dtype(DType::F32)?
                     .broadcast_add(m)?;
-                candle_nn::ops::softmax_last_dim(&att)?.reshape((b, nkv, rep * t, s))?
+                // In f32 whatever the compute dtype (as HF does).
+                candle_nn::ops::softmax_last_dim(&att)?
+                    .to_dtype(q.dtype())?
+                    .reshape((b, nkv, rep * t, s))?
             }
         };
         Ok(att
@@ -197,7 +201,7 @@ impl Policy {
         );
         if dg.is_some() || du.is_some() {
             let i = self.cfg.intermediate_size;
-            let zeros = || Tensor::zeros((h.dim(0)?, i), DType::F32, &self.device);
+            let zeros = || Tensor::zeros((h.dim(0)?, i), h.dtype(), &self.device);
             let dg = dg.map_or_else(zeros, Ok)?;
             let du = du.map_or_else(zeros, Ok)?;
             gu = (gu + Tensor::cat(&[&dg, &du], 1)?)?;
@@ -237,10 +241,11 @@ impl Policy {
         }
     }
 
-    /// Logits `(rows, vocab)` from pre-norm hidden rows `(rows, hidden)`.
+    /// Logits `(rows, vocab)` from pre-norm hidden rows `(rows, hidden)`,
+    /// in f32 whatever the compute dtype.
     pub(super) fn head(&self, w: &Weights, hidden: &Tensor) -> Result<Tensor> {
         let h = ops::rms_norm(hidden, &w.norm, self.cfg.rms_norm_eps)?;
-        self.base_linear(&h, w.head())
+        Ok(self.base_linear(&h, w.head())?.to_dtype(DType::F32)?)
     }
 }
 

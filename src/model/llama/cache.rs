@@ -20,11 +20,12 @@ impl LayerCache {
         n_kv: usize,
         capacity: usize,
         head_dim: usize,
+        dtype: DType,
         device: &Device,
     ) -> Result<LayerCache> {
         Ok(LayerCache {
-            k: Tensor::zeros((b, n_kv, capacity, head_dim), DType::F32, device)?,
-            v: Tensor::zeros((b, n_kv, capacity, head_dim), DType::F32, device)?,
+            k: Tensor::zeros((b, n_kv, capacity, head_dim), dtype, device)?,
+            v: Tensor::zeros((b, n_kv, capacity, head_dim), dtype, device)?,
         })
     }
 

@@ -293,7 +293,7 @@ impl Policy {
         let mut cache = Vec::with_capacity(w.layers.len());
         let mut x = self.embed(w, &ids)?;
         for lw in &w.layers {
-            let mut c = LayerCache::zeros(b, nkv, capacity, hd, &self.device)?;
+            let mut c = LayerCache::zeros(b, nkv, capacity, hd, self.dtype, &self.device)?;
             x = self.block(
                 lw,
                 &x,

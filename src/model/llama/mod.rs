@@ -13,7 +13,8 @@
 //! and generation) run the same block code, so they cannot diverge by
 //! architecture.
 //!
-//! Everything runs in f32. The training path never uses candle's fused
+//! The compute dtype is f32 or bf16 ([`Precision`]; f32 master weights
+//! and optimiser state either way). The training path never uses candle's fused
 //! kernels (`softmax_last_dim`, `rms_norm`, `rope*`, `sdpa`): they have no
 //! backward pass and candle silently drops the gradient through them.
 //! Instead it uses this module's own fused CPU kernels *with* backward
@@ -43,12 +44,15 @@
 
 use std::sync::Mutex;
 
-use candle_core::{Device, Tensor, Var};
+use std::collections::HashSet;
+
+use candle_core::{DType, Device, Tensor, Var};
 use rand_chacha::ChaCha8Rng;
 
 use super::config::{Arch, ModelConfig};
 use super::error::Result;
 use super::lora::LoraConfig;
+use super::precision::Precision;
 
 mod block;
 mod cache;
@@ -71,6 +75,9 @@ pub struct Policy {
     pub(in crate::model) cfg: ModelConfig,
     pub(in crate::model) arch: Arch,
     pub(in crate::model) device: Device,
+    /// Compute dtype (F32 or BF16, see [`Precision`]): frozen tensors in
+    /// `w` are stored in it, trained `Var`s stay f32 master copies.
+    pub(in crate::model) dtype: DType,
     pub(in crate::model) w: Weights,
     /// Sorted by name; empty for frozen copies.
     pub(in crate::model) vars: Vec<(String, Var)>,
@@ -91,6 +98,7 @@ impl std::fmt::Debug for Policy {
             .field("cfg", &self.cfg)
             .field("arch", &self.arch)
             .field("device", &self.device)
+            .field("dtype", &self.dtype)
             .field("num_params", &self.num_params())
             .field("trainable", &!self.vars.is_empty())
             .field("lora", &self.lora)
@@ -110,6 +118,47 @@ impl Policy {
 
     pub fn device(&self) -> &Device {
         &self.device
+    }
+
+    /// The compute precision (see [`Precision`]).
+    pub fn precision(&self) -> Precision {
+        match self.dtype {
+            DType::BF16 => Precision::Bf16,
+            _ => Precision::F32,
+        }
+    }
+
+    /// This policy computing in `p`. Frozen tensors (everything but the
+    /// trained `Var`s: a LoRA run's base, all of a frozen copy) are stored
+    /// in `p`'s dtype; trained `Var`s stay f32 master copies, cast at each
+    /// forward ([`Policy::compute_weights`]) so that their gradients and
+    /// the optimiser state stay f32.
+    pub fn with_precision(mut self, p: Precision) -> Result<Policy> {
+        let dt = p.dtype();
+        let trained: HashSet<_> = self.vars.iter().map(|(_, v)| v.as_tensor().id()).collect();
+        let gu = self.w.layers.iter().any(|l| l.gu.is_some());
+        self.w = self.w.map(&|t| {
+            Ok(if trained.contains(&t.id()) {
+                t.clone()
+            } else {
+                t.to_dtype(dt)?
+            })
+        })?;
+        debug_assert!(!gu, "stored weights never hold the generation-only gate/up concat");
+        self.dtype = dt;
+        Ok(self)
+    }
+
+    /// The weights the forward pass uses: the stored ones, cast to the
+    /// compute dtype (a no-op in f32 and for frozen tensors, which are
+    /// stored in it). The cast of a trained `Var` is differentiable, so its
+    /// gradient comes back in f32.
+    pub(in crate::model) fn compute_weights(&self) -> Result<Weights> {
+        if self.dtype == DType::F32 {
+            return Ok(self.w.clone());
+        }
+        let dt = self.dtype;
+        self.w.map(&|t| Ok(t.to_dtype(dt)?))
     }
 
     /// Trainable parameters, sorted by HF name (what the optimiser updates;
@@ -133,13 +182,22 @@ impl Policy {
 
     /// Deep copy with detached weights: later optimiser steps on `self` do
     /// not affect it, and scoring it builds no autograd graph. Used as the
-    /// frozen KL reference.
+    /// frozen KL reference. Its weights are stored in the compute dtype.
     pub fn frozen_copy(&self) -> Result<Policy> {
-        let w = self.w.map(&|t| Ok(t.detach().copy()?))?;
+        let dt = self.dtype;
+        let w = self.w.map(&|t| {
+            let t = t.detach();
+            Ok(if t.dtype() == dt {
+                t.copy()?
+            } else {
+                t.to_dtype(dt)?
+            })
+        })?;
         Ok(Policy {
             cfg: self.cfg.clone(),
             arch: self.arch.clone(),
             device: self.device.clone(),
+            dtype: dt,
             w,
             vars: Vec::new(),
             inv_freq: self.inv_freq.clone(),

@@ -61,7 +61,7 @@ impl Policy {
             });
         }
         let hidden = self.target_hidden(batch, &rows, n_targets)?;
-        let w = &self.w;
+        let w = &self.compute_weights()?;
         let tgt: Vec<u32> = batch
             .seqs
             .iter()
@@ -134,7 +134,7 @@ impl Policy {
         let mut order: Vec<usize> = (0..rows.len()).collect();
         order.sort_by_key(|&r| std::cmp::Reverse(rows[r].1));
         let lens: Vec<usize> = order.iter().map(|&r| rows[r].1).collect();
-        let w = &self.w;
+        let w = &self.compute_weights()?;
         let mut parts = Vec::new();
         // gathered[k] = output position of the k-th gathered hidden row.
         let mut gathered = Vec::with_capacity(n_targets);

@@ -157,9 +157,10 @@ impl Weights {
         })
     }
 
-    /// Same storage, no autograd tracking: generation on these builds no graph.
-    pub(crate) fn detached(&self) -> Result<Weights> {
-        let mut w = self.map(&|t| Ok(t.detach()))?;
+    /// No autograd tracking (same storage where `t` is already in `dtype`):
+    /// generation on these builds no graph.
+    pub(crate) fn detached(&self, dtype: DType) -> Result<Weights> {
+        let mut w = self.map(&|t| Ok(t.detach().to_dtype(dtype)?))?;
         for l in &mut w.layers {
             l.gu = Some(Tensor::cat(&[&l.gate, &l.up], 0)?);
         }
@@ -394,6 +395,7 @@ impl Policy {
             arch: arch.clone(),
             inv_freq: arch.inv_freq(cfg),
             device: device.clone(),
+            dtype: DType::F32,
             w,
             vars,
             lora: None,

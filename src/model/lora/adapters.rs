@@ -126,16 +126,19 @@ impl Policy {
             });
         }
         vars.sort_by(|a, b| a.0.cmp(&b.0));
-        Ok(Policy {
+        let precision = self.precision();
+        Policy {
             cfg: self.cfg,
             arch: self.arch,
             device: self.device,
+            dtype: DType::F32,
             w,
             vars,
             inv_freq: self.inv_freq,
             lora: Some(cfg.clone()),
             dropout_rng: Mutex::new(None),
-        })
+        }
+        .with_precision(precision)
     }
 
     /// The adapter tensors under their PEFT names, sorted (empty without
@@ -221,16 +224,17 @@ impl Policy {
 
     /// Weights for generation: detached, with any adapters merged in (one
     /// small `B A` product per adapter per call, instead of two extra
-    /// matmuls per adapted projection per token).
+    /// matmuls per adapted projection per token), in the compute dtype.
     pub(in crate::model) fn inference_weights(&self) -> Result<Weights> {
         let Some(cfg) = &self.lora else {
-            return self.w.detached();
+            return self.w.detached(self.dtype);
         };
         let scale = cfg.scale();
         let mut w = self.w.map(&|t| Ok(t.detach()))?;
         for lw in &mut w.layers {
             for (i, ad) in std::mem::take(&mut lw.ad).into_iter().enumerate() {
                 let Some(ad) = ad else { continue };
+                // In f32 from the f32 adapters, rounded once to the base's dtype.
                 let delta = (ad.b.matmul(&ad.a)? * scale)?;
                 let slot = match Proj::ALL[i] {
                     Proj::Q => &mut lw.q,
@@ -241,7 +245,7 @@ impl Policy {
                     Proj::Up => &mut lw.up,
                     Proj::Down => &mut lw.down,
                 };
-                *slot = (&*slot + delta)?;
+                *slot = (&*slot + delta.to_dtype(slot.dtype())?)?;
             }
             lw.gu = Some(Tensor::cat(&[&lw.gate, &lw.up], 0)?);
         }
@@ -294,6 +298,7 @@ impl Policy {
                 }
             })
             .collect();
-        Ok((x * Tensor::from_vec(mask, x.shape(), &self.device)?)?)
+        let mask = Tensor::from_vec(mask, x.shape(), &self.device)?.to_dtype(x.dtype())?;
+        Ok((x * mask)?)
     }
 }

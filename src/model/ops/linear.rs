@@ -13,7 +13,7 @@ use crate::model::error::Result;
 /// computes just `dx = dy @ w`.
 pub(crate) fn frozen_linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     let w = w.detach();
-    if fused(x.device()) && x.rank() == 2 {
+    if fused(x) && x.rank() == 2 {
         return Ok(x.contiguous()?.apply_op1(FrozenLinear { w })?);
     }
     Ok(x.matmul(&w.t()?)?)

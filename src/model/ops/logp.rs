@@ -26,7 +26,7 @@ pub(crate) fn logp_entropy(logits: &Tensor, targets: &[u32], scale: f64) -> Resu
             "logp-entropy: target {bad} outside vocab {v}"
         )));
     }
-    if fused(logits.device()) {
+    if fused(logits) {
         return Ok(logits.contiguous()?.apply_op1(LogpEntropy {
             targets: Arc::new(targets.to_vec()),
             scale: scale as f32,
@@ -41,7 +41,8 @@ pub(crate) fn logp_entropy_composite(
     scale: f64,
 ) -> Result<Tensor> {
     let n = targets.len();
-    let z = logits.affine(scale, 0.0)?;
+    // In f32 whatever the logits' dtype.
+    let z = logits.to_dtype(candle_core::DType::F32)?.affine(scale, 0.0)?;
     let max = z.max_keepdim(D::Minus1)?.detach();
     let d = z.broadcast_sub(&max)?;
     let lse = d.exp()?.sum_keepdim(D::Minus1)?.log()?;

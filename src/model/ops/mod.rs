@@ -6,7 +6,7 @@
 //! in the backward) dominate the cost of scoring on CPU. These custom ops do
 //! one pass forward and one pass backward. On non-CPU devices the same math
 //! falls back to composite candle ops, so results are device-independent up
-//! to rounding.
+//! to rounding. bf16 tensors take the composite ops on every device.
 //!
 //! One file per kernel family: [`softmax`] (causal attention softmax),
 //! [`linear`] (frozen-weight matmul), [`norm`] (RMSNorm), [`rope`]
@@ -14,7 +14,7 @@
 //! (target log-prob + entropy). This file holds what they share: the
 //! CPU-or-composite switch and the row-parallel loop.
 
-use candle_core::{CpuStorage, Device, Layout};
+use candle_core::{CpuStorage, DType, Layout, Tensor};
 
 mod linear;
 mod logp;
@@ -40,13 +40,16 @@ thread_local! {
     pub(crate) static FORCE_COMPOSITE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-/// Whether the fused CPU kernels apply to tensors on `device`.
-fn fused(device: &Device) -> bool {
+/// Whether the fused CPU kernels apply to `x`: f32 on the CPU. This is
+/// the one place that decides; every other device or dtype (CUDA, bf16)
+/// takes the differentiable composite ops, which compute the numerically
+/// delicate steps (norm statistics, softmax, log-softmax) in f32.
+fn fused(x: &Tensor) -> bool {
     #[cfg(test)]
     if FORCE_COMPOSITE.with(|c| c.get()) {
         return false;
     }
-    device.is_cpu()
+    x.device().is_cpu() && x.dtype() == DType::F32
 }
 
 /// Below this many elements the kernels run on the calling thread.

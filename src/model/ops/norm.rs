@@ -1,6 +1,6 @@
 //! RMSNorm (HF `LlamaRMSNorm`) with its backward.
 
-use candle_core::{CpuStorage, CustomOp2, Layout, Shape, Tensor, D};
+use candle_core::{CpuStorage, CustomOp2, DType, Layout, Shape, Tensor, D};
 
 use super::{f32_slice, fused, par_rows};
 use crate::model::error::Result;
@@ -8,14 +8,18 @@ use crate::model::error::Result;
 /// RMSNorm over the last dim, `x * rsqrt(mean(x^2) + eps) * w` (HF
 /// LlamaRMSNorm), differentiable in `x` and `w`.
 pub(crate) fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
-    if fused(x.device()) {
+    if fused(x) {
         return Ok(x
             .contiguous()?
             .apply_op2(&w.contiguous()?, RmsNorm { eps: eps as f32 })?);
     }
+    // Statistics and normalisation in f32, then back to the input's dtype
+    // before the weight (HF LlamaRMSNorm's order).
+    let dt = x.dtype();
+    let x = x.to_dtype(DType::F32)?;
     let ms = x.sqr()?.mean_keepdim(D::Minus1)?;
     let inv = (ms + eps)?.sqrt()?.recip()?;
-    Ok(x.broadcast_mul(&inv)?.broadcast_mul(w)?)
+    Ok(x.broadcast_mul(&inv)?.to_dtype(dt)?.broadcast_mul(w)?)
 }
 
 fn inv_rms(x: &[f32], eps: f32) -> f32 {

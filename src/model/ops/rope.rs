@@ -74,7 +74,7 @@ pub(crate) fn rope_heads_first(x: &Tensor, tables: &RopeTables) -> Result<Tensor
             tables.half
         )));
     }
-    if fused(x.device()) {
+    if fused(x) {
         return Ok(x.contiguous()?.apply_op1(Rope {
             tables: tables.clone(),
             inverse: false,
@@ -85,6 +85,7 @@ pub(crate) fn rope_heads_first(x: &Tensor, tables: &RopeTables) -> Result<Tensor
 
 pub(crate) fn rope_heads_first_composite(x: &Tensor, tables: &RopeTables) -> Result<Tensor> {
     let (cos, sin) = tables.full(x.device())?;
+    let (cos, sin) = (cos.to_dtype(x.dtype())?, sin.to_dtype(x.dtype())?);
     let x = x.transpose(1, 2)?;
     let d = x.dim(D::Minus1)?;
     let a = x.narrow(D::Minus1, 0, d / 2)?;

@@ -1,7 +1,7 @@
 //! Causal softmax (scale + causal mask + softmax over the last dim) with
 //! its backward, for attention scores on the training path.
 
-use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor, D};
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Layout, Shape, Tensor, D};
 
 use super::{f32_slice, fused, par_rows};
 use crate::model::error::Result;
@@ -12,13 +12,15 @@ use crate::model::error::Result;
 /// Differentiable.
 pub(crate) fn causal_softmax(x: &Tensor, scale: f64, q_len: usize) -> Result<Tensor> {
     let s = x.dim(D::Minus1)?;
-    if fused(x.device()) {
+    if fused(x) {
         return Ok(x.contiguous()?.apply_op1(CausalSoftmax {
             scale: scale as f32,
             q_len,
         })?);
     }
-    // Composite fallback.
+    // Composite fallback, in f32 whatever the input's dtype (as HF does).
+    let dt = x.dtype();
+    let x = x.to_dtype(DType::F32)?;
     let mut mask = vec![0f32; q_len * s];
     for i in 0..q_len {
         for j in (i + s - q_len + 1)..s {
@@ -35,7 +37,8 @@ pub(crate) fn causal_softmax(x: &Tensor, scale: f64, q_len: usize) -> Result<Ten
     let max = x.max_keepdim(D::Minus1)?.detach();
     let e = x.broadcast_sub(&max)?.exp()?;
     Ok(e.broadcast_div(&e.sum_keepdim(D::Minus1)?)?
-        .reshape(shape)?)
+        .reshape(shape)?
+        .to_dtype(dt)?)
 }
 
 struct CausalSoftmax {

@@ -8,7 +8,7 @@ use crate::model::error::Result;
 /// `silu(gu[:, :i]) * gu[:, i:]` for the fused `[gate | up]` projection
 /// `gu` `(rows, 2 * i)`; differentiable.
 pub(crate) fn swiglu(gu: &Tensor) -> Result<Tensor> {
-    if fused(gu.device()) {
+    if fused(gu) {
         return Ok(gu.contiguous()?.apply_op1(SwiGlu)?);
     }
     swiglu_composite(gu)

@@ -3,7 +3,7 @@
 
 use super::*;
 
-fn lora_cfg(targets: &[&str], dropout: f64) -> LoraConfig {
+pub(super) fn lora_cfg(targets: &[&str], dropout: f64) -> LoraConfig {
     LoraConfig {
         rank: 4,
         alpha: 8.0,
@@ -12,7 +12,7 @@ fn lora_cfg(targets: &[&str], dropout: f64) -> LoraConfig {
     }
 }
 
-const ALL: &[&str] = &[
+pub(super) const ALL: &[&str] = &[
     "q_proj",
     "k_proj",
     "v_proj",
@@ -24,7 +24,7 @@ const ALL: &[&str] = &[
 
 /// A LoRA policy whose `B`s are random too (fresh ones are zero, which
 /// would hide every adapter bug behind `0 · x`).
-fn lora_policy(tied: bool, targets: &[&str], dropout: f64) -> Policy {
+pub(super) fn lora_policy(tied: bool, targets: &[&str], dropout: f64) -> Policy {
     let p = policy(tied, 31)
         .with_lora(
             &lora_cfg(targets, dropout),
@@ -44,7 +44,7 @@ fn lora_policy(tied: bool, targets: &[&str], dropout: f64) -> Policy {
     p
 }
 
-fn lora_batch() -> ScoreBatch {
+pub(super) fn lora_batch() -> ScoreBatch {
     let mut rng = ChaCha8Rng::seed_from_u64(34);
     ScoreBatch {
         seqs: vec![rand_seq(&mut rng, 9, 50), rand_seq(&mut rng, 6, 50)],

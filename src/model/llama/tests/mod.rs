@@ -17,6 +17,7 @@ use std::collections::HashMap;
 mod bench;
 mod generate;
 mod lora;
+mod precision;
 mod reference;
 mod score;
 mod weights;
