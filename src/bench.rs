@@ -4,7 +4,6 @@
 
 use std::path::PathBuf;
 
-
 use crate::env::{make_env, panel, Env};
 use crate::experiment::RunError;
 use crate::guidance::ResolvedSpec;

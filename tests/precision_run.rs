@@ -2,7 +2,8 @@
 //! bf16 run trains, resumes exactly (f32 master weights and optimiser
 //! state in the checkpoint), and `eval`'s loader rebuilds it in bf16; a
 //! LoRA bf16 run keeps its base in bf16; a bad dtype is refused with its
-//! key.
+//! key. And the memory estimate: a micro-batch that cannot fit is refused
+//! before the run starts, and the micro-batch its message suggests runs.
 
 use std::path::{Path, PathBuf};
 
@@ -48,8 +49,12 @@ fn metrics(run_dir: &Path) -> Vec<Json> {
 #[test]
 fn a_bf16_run_trains_resumes_exactly_and_loads_back_in_bf16() {
     let tmp = tempfile::tempdir().unwrap();
-    let full = experiment::run(tiny(tmp.path(), "full", ""), &RunOptions::default(), &mut |_| {})
-        .unwrap();
+    let full = experiment::run(
+        tiny(tmp.path(), "full", ""),
+        &RunOptions::default(),
+        &mut |_| {},
+    )
+    .unwrap();
     let m = metrics(&full.run_dir);
     assert_eq!(m.len(), 3);
     for row in &m {
@@ -110,10 +115,68 @@ fn a_bf16_lora_run_keeps_its_base_in_bf16() {
 fn an_unknown_dtype_is_refused_with_its_key() {
     let src = r#"#{ name: "x", model: #{ path: "m", dtype: "fp8" },
         env: #{ train: "a", test: "b" }, guidance: #{ script: "s" } }"#;
-    let e = Experiment::from_source("bad.rhai", src).unwrap_err().to_string();
+    let e = Experiment::from_source("bad.rhai", src)
+        .unwrap_err()
+        .to_string();
     assert!(
         e.contains("model.dtype must be \"f32\" or \"bf16\", got \"fp8\""),
         "{e}"
     );
     assert!(e.contains("bad.rhai:1:"), "{e}");
+}
+
+#[test]
+fn a_micro_batch_that_cannot_fit_is_refused_and_the_suggested_one_runs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut e = tiny(tmp.path(), "huge", "");
+    e.model.dtype = None;
+    e.steps = 1;
+    e.evaluation.every = 0;
+    // Ten million sequences per micro-batch: no machine holds that graph.
+    e.trainer.micro_batch = 10_000_000;
+    let err = experiment::run(e.clone(), &RunOptions::default(), &mut |_| {})
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("training micro-batch of 10000000 sequences"),
+        "{err}"
+    );
+    let m: usize = err
+        .split("Set trainer.micro_batch to ")
+        .nth(1)
+        .and_then(|s| s.split(' ').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no suggestion in: {err}"));
+    assert!((1..10_000_000).contains(&m), "{m}");
+    // Refused before anything ran: the fresh run directory is gone, so
+    // the corrected run gets the same name.
+    assert!(!e.run_dir().exists());
+    e.trainer.micro_batch = m;
+    let mut logs = Vec::new();
+    experiment::run(e.clone(), &RunOptions::default(), &mut |ev| {
+        if let experiment::Event::Log(l) = ev {
+            logs.push(l)
+        }
+    })
+    .unwrap();
+    assert!(e.run_dir().join("metrics.jsonl").exists());
+    assert!(
+        logs.iter()
+            .any(|l| l.starts_with("memory estimate: peak about")),
+        "{logs:?}"
+    );
+    // A limit given by the user (`--memory-gb`) is what the check plans for.
+    let mut small = e.clone();
+    small.name = "small".into();
+    let opts = RunOptions {
+        memory_limit: Some(1 << 20),
+        ..Default::default()
+    };
+    let err = experiment::run(small, &opts, &mut |_| {})
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("Even one sequence per micro-batch does not fit"),
+        "{err}"
+    );
 }

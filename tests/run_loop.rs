@@ -100,7 +100,10 @@ fn same_seed_gives_identical_metrics() {
             ..o.clone()
         };
         let err = eval_checkpoint(&sa.run_dir, &cuda).unwrap_err().to_string();
-        assert!(err.contains("cuda:0") && err.contains("--features cuda"), "{err}");
+        assert!(
+            err.contains("cuda:0") && err.contains("--features cuda"),
+            "{err}"
+        );
     }
     let e2 = eval_checkpoint(&sa.run_dir.join("checkpoints/step-000003"), &o).unwrap();
     assert_eq!(e1, e2);

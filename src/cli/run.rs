@@ -25,6 +25,11 @@ pub struct RunArgs {
     /// Plain log lines even on a terminal.
     #[arg(long)]
     plain: bool,
+    /// Memory (GiB) the run may plan for, instead of what the machine
+    /// reports free; a configuration whose estimated peak exceeds 85 % of
+    /// it is refused before it starts.
+    #[arg(long)]
+    memory_gb: Option<f64>,
 }
 
 pub fn run(args: RunArgs) -> Result<()> {
@@ -33,11 +38,13 @@ pub fn run(args: RunArgs) -> Result<()> {
         resume,
         stop_after,
         plain,
+        memory_gb,
     } = args;
     let opts = RunOptions {
         resume: resume.clone(),
         stop_after,
         interrupt: Some(interrupt_on_signals()?),
+        memory_limit: memory_gb.map(|g| (g * (1u64 << 30) as f64) as u64),
     };
     let exp = match (&experiment, &resume) {
         (Some(p), None) => match ExperimentFile::load(p)? {

@@ -104,7 +104,10 @@ mod tests {
         }
         assert!("fp16".parse::<Precision>().is_err());
         assert_eq!(Precision::resolve(None, DeviceSpec::Cpu), Precision::F32);
-        assert_eq!(Precision::resolve(None, DeviceSpec::Cuda(1)), Precision::Bf16);
+        assert_eq!(
+            Precision::resolve(None, DeviceSpec::Cuda(1)),
+            Precision::Bf16
+        );
         assert_eq!(
             Precision::resolve(Some(Precision::Bf16), DeviceSpec::Cpu),
             Precision::Bf16

@@ -36,6 +36,9 @@ pub enum RunError {
     RunDir(#[from] RunDirError),
     #[error(transparent)]
     TensorBoard(#[from] TensorBoardError),
+    /// The configuration cannot fit in the device's memory.
+    #[error(transparent)]
+    Memory(#[from] Box<crate::experiment::memory::MemoryError>),
     /// A subprocess env could not supply a panel's expert actions.
     #[error("{}: {source}", panel.display())]
     Experts {

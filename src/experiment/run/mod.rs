@@ -54,6 +54,9 @@ pub struct RunOptions {
     /// Raised from outside (the binary's SIGINT/SIGTERM handler): the run
     /// finishes the step in progress, writes a checkpoint and stops.
     pub interrupt: Option<Arc<AtomicBool>>,
+    /// Memory the run may plan for, in bytes, instead of what the device
+    /// reports (for a machine shared with other jobs).
+    pub memory_limit: Option<u64>,
 }
 
 impl RunOptions {
@@ -206,6 +209,60 @@ impl Totals {
     }
 }
 
+/// Estimates the run's peak memory before it starts (see
+/// [`crate::experiment::memory`]) and refuses it when it cannot fit, with
+/// the `trainer.micro_batch` that can. External envs are not probed (the
+/// probe's episodes would reach the server): the check is skipped, and
+/// said so.
+fn check_memory(
+    ctx: &Ctx,
+    make: &dyn Fn(usize) -> Box<dyn Env>,
+    limit: Option<u64>,
+    on_event: &mut dyn FnMut(Event),
+) -> Result<(), RunError> {
+    use crate::experiment::memory;
+    if !matches!(ctx.exp.env.kind, crate::env::EnvKindName::Builtin(_)) {
+        on_event(Event::Log(
+            "memory estimate skipped: an external env's prompt lengths are not probed".into(),
+        ));
+        return Ok(());
+    }
+    let seq_len = memory::probe_seq_len(
+        &ctx.policy,
+        &ctx.tok,
+        make,
+        &ctx.train,
+        &ctx.ropts,
+        ctx.exp.seed,
+    )?;
+    let est = memory::estimate(
+        &ctx.policy,
+        &memory::RunShape {
+            micro_batch: ctx.exp.trainer.micro_batch,
+            rollout_batch: ctx.exp.rollout.tasks_per_step * ctx.exp.rollout.group_size,
+            seq_len,
+            reference: ctx.exp.trainer.kl_coef > 0.0,
+        },
+    );
+    let device = ctx.exp.model.device.to_string();
+    let Some(total) = limit.or_else(|| memory::available(ctx.policy.device())) else {
+        on_event(Event::Log(format!(
+            "memory estimate: peak about {} (the free memory of {device} is unknown)",
+            memory::gib(est.peak())
+        )));
+        return Ok(());
+    };
+    memory::check(&est, total, &device)?;
+    on_event(Event::Log(format!(
+        "memory estimate: peak about {} of {} usable on {device} (micro-batch {} × {} tokens)",
+        memory::gib(est.peak()),
+        memory::gib((total as f64 * memory::USABLE_SHARE) as u64),
+        est.micro_batch,
+        est.seq_len
+    )));
+    Ok(())
+}
+
 /// Run (or resume) an experiment to its step budget.
 pub fn run(
     exp: Experiment,
@@ -232,6 +289,14 @@ pub fn run(
         let spec = spec.clone();
         move |limit: usize| -> Box<dyn Env> { make_env(&spec, limit) }
     };
+    if let Err(e) = check_memory(&ctx, &make, opts.memory_limit, on_event) {
+        // A fresh run refused before its first step leaves nothing behind
+        // (so the corrected rerun gets the same name).
+        if opts.resume.is_none() {
+            let _ = std::fs::remove_dir_all(ctx.dir.path());
+        }
+        return Err(e);
+    }
     if start_step == 0 && !ctx.evals.iter().any(|(s, _)| *s == 0) {
         spec.begin_step();
         run_eval(&mut ctx, 0, &make, on_event)?;

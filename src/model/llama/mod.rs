@@ -144,7 +144,10 @@ impl Policy {
                 t.to_dtype(dt)?
             })
         })?;
-        debug_assert!(!gu, "stored weights never hold the generation-only gate/up concat");
+        debug_assert!(
+            !gu,
+            "stored weights never hold the generation-only gate/up concat"
+        );
         self.dtype = dt;
         Ok(self)
     }

@@ -42,7 +42,9 @@ pub(crate) fn logp_entropy_composite(
 ) -> Result<Tensor> {
     let n = targets.len();
     // In f32 whatever the logits' dtype.
-    let z = logits.to_dtype(candle_core::DType::F32)?.affine(scale, 0.0)?;
+    let z = logits
+        .to_dtype(candle_core::DType::F32)?
+        .affine(scale, 0.0)?;
     let max = z.max_keepdim(D::Minus1)?.detach();
     let d = z.broadcast_sub(&max)?;
     let lse = d.exp()?.sum_keepdim(D::Minus1)?.log()?;

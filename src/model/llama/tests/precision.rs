@@ -25,9 +25,16 @@ fn assert_rel(a: &[f32], b: &[f32], row_scale: bool, what: &str) -> f64 {
     let top = b.iter().fold(1f64, |m, &v| m.max((v as f64).abs()));
     let mut worst = 0f64;
     for (i, (&x, &y)) in a.iter().zip(b).enumerate() {
-        let scale = if row_scale { top } else { (y as f64).abs().max(1.0) };
+        let scale = if row_scale {
+            top
+        } else {
+            (y as f64).abs().max(1.0)
+        };
         let rel = (x as f64 - y as f64).abs() / scale;
-        assert!(rel <= BF16_REL_TOL, "{what}[{i}]: {x} vs {y} (rel {rel:.4})");
+        assert!(
+            rel <= BF16_REL_TOL,
+            "{what}[{i}]: {x} vs {y} (rel {rel:.4})"
+        );
         worst = worst.max(rel);
     }
     worst
@@ -47,7 +54,13 @@ fn bf16(p: Policy) -> Policy {
 }
 
 fn target_logp(p: &Policy, b: &ScoreBatch) -> f32 {
-    p.score(b).unwrap().logp.sum_all().unwrap().to_scalar().unwrap()
+    p.score(b)
+        .unwrap()
+        .logp
+        .sum_all()
+        .unwrap()
+        .to_scalar()
+        .unwrap()
 }
 
 /// `n` AdamW steps raising the batch's target log-prob.
@@ -83,7 +96,12 @@ fn bf16_scores_and_generation_are_close_to_f32() {
         let b = batch();
         let (lf, ef) = score_vec(&f, &b);
         let (lh, eh) = score_vec(&h, &b);
-        let worst = assert_rel(&lh, &lf, false, "bf16 logp").max(assert_rel(&eh, &ef, false, "bf16 entropy"));
+        let worst = assert_rel(&lh, &lf, false, "bf16 logp").max(assert_rel(
+            &eh,
+            &ef,
+            false,
+            "bf16 entropy",
+        ));
         eprintln!("tied={tied}: worst relative error of bf16 scores {worst:.4}");
         assert_ne!(lh, lf, "the bf16 path really rounds");
         // Next-token logits (generation path) too.
@@ -169,7 +187,11 @@ fn bf16_optimiser_steps_raise_the_target_log_prob() {
     let p = bf16(policy(false, 31))
         .with_lora(&lora_cfg(ALL, 0.0), &mut ChaCha8Rng::seed_from_u64(2))
         .unwrap();
-    assert_eq!(p.precision(), Precision::Bf16, "adapters keep the precision");
+    assert_eq!(
+        p.precision(),
+        Precision::Bf16,
+        "adapters keep the precision"
+    );
     let before = target_logp(&p, &lb);
     train(&p, &lb, 5, 1e-2);
     let after = target_logp(&p, &lb);
@@ -192,8 +214,6 @@ fn bf16_checkpoints_round_trip_exactly() {
     let p = bf16(lora_policy(true, ALL, 0.0));
     train(&p, &lb, 2, 1e-2);
     p.save_adapter(dir.path(), "base").unwrap();
-    let back = bf16(policy(true, 31))
-        .load_adapter(dir.path())
-        .unwrap();
+    let back = bf16(policy(true, 31)).load_adapter(dir.path()).unwrap();
     assert_eq!(score_vec(&back, &lb), score_vec(&p, &lb));
 }

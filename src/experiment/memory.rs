@@ -1,0 +1,420 @@
+//! The peak memory of a run, estimated before it starts, and the refusal
+//! of a configuration that cannot fit (with a `trainer.micro_batch` that
+//! can).
+//!
+//! What a step holds at its peak: the stored weights (trained `Var`s in
+//! f32, frozen ones in the compute dtype), the gradients and AdamW's two
+//! moments of the trained parameters (f32), the frozen KL reference when
+//! `kl_coef > 0`, and the larger of two transients: the rollout (a merged
+//! copy of the weights for generation plus the KV cache of the whole
+//! rollout batch) and the training micro-batch, whose autograd graph keeps
+//! every layer's activations of `micro_batch` sequences until the backward
+//! pass (see [`train_bytes_per_token`]). The sequence length comes from
+//! the panel: the longest expert trajectory's prompts with the whole plan
+//! shown, plus an answer of `max_action_tokens`.
+//!
+//! The activation model counts the tensors the training path saves per
+//! token and layer, calibrated against the peak resident memory of real
+//! training steps (see [`train_bytes_per_token`]); it errs a little high.
+
+use crate::model::{ModelConfig, Policy, Precision};
+
+/// Share of the available memory a run may plan to use (the rest covers
+/// the allocator's slack, the tokenizer, envs, scripts and the estimate's
+/// error).
+pub const USABLE_SHARE: f64 = 0.85;
+
+/// The estimate's parts, in bytes.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct MemoryEstimate {
+    /// Stored weights (trained f32 masters and frozen weights).
+    pub weights: u64,
+    /// Gradients and AdamW moments of the trained parameters.
+    pub optimizer: u64,
+    /// The frozen KL reference (0 without `kl_coef`).
+    pub reference: u64,
+    /// Generation: merged weights and the KV cache of the rollout batch.
+    pub rollout: u64,
+    /// Autograd graph of one training micro-batch.
+    pub train: u64,
+    /// Tokens per training sequence the estimate assumed.
+    pub seq_len: usize,
+    pub micro_batch: usize,
+    /// What one more sequence in the micro-batch adds.
+    pub per_sequence: u64,
+}
+
+impl MemoryEstimate {
+    /// What the run holds at all times.
+    pub fn resident(&self) -> u64 {
+        self.weights + self.optimizer + self.reference
+    }
+
+    /// The estimated peak.
+    pub fn peak(&self) -> u64 {
+        self.resident() + self.rollout.max(self.train)
+    }
+
+    /// The largest micro-batch whose peak fits in `budget` bytes, if any.
+    pub fn fitting_micro_batch(&self, budget: u64) -> Option<usize> {
+        let fixed = self.resident();
+        if fixed + self.rollout > budget || fixed + self.per_sequence > budget {
+            return None;
+        }
+        Some(((budget - fixed) / self.per_sequence.max(1)) as usize)
+    }
+}
+
+/// Bytes the training path keeps per token of a sequence of `t` tokens, all
+/// layers together: per layer the saved inputs and outputs of the norms,
+/// the q/k/v projections and rotary, the attention scores and weights
+/// (`heads × t` per token, in f32 whatever the dtype), the attention
+/// output and its projection, the fused gate/up projection, SwiGLU, the
+/// down projection and both residual sums, times 1.6 for what that count
+/// misses (reshape copies, the backward pass's transient gradients, the
+/// allocator). Measured on SmolLM2-135M (f32, CPU, bench-model's train
+/// step at 4 and 8 sequences of 256 tokens): 2.96 MB per token; this
+/// gives 3.13 MB.
+pub fn train_bytes_per_token(cfg: &ModelConfig, precision: Precision, t: usize) -> u64 {
+    let h = cfg.hidden_size as u64;
+    let a = (cfg.num_attention_heads * cfg.head_dim()) as u64;
+    let kv = (cfg.num_key_value_heads * cfg.head_dim()) as u64;
+    let i = cfg.intermediate_size as u64;
+    let elems = 7 * h + 4 * a + 4 * kv + 3 * i;
+    let scores = 2 * cfg.num_attention_heads as u64 * t as u64 * 4;
+    let per_layer = elems * precision.bytes() as u64 + scores;
+    per_layer * cfg.num_hidden_layers as u64 * 8 / 5
+}
+
+/// What an estimate needs besides the policy.
+#[derive(Debug, Clone, Copy)]
+pub struct RunShape {
+    /// Sequences per training forward/backward (`trainer.micro_batch`).
+    pub micro_batch: usize,
+    /// Episodes generated together (tasks per step × group size).
+    pub rollout_batch: usize,
+    /// Longest training sequence (prompt + answer), in tokens.
+    pub seq_len: usize,
+    /// Whether a frozen KL reference is kept (`kl_coef > 0`).
+    pub reference: bool,
+}
+
+/// What the estimate needs to know of a model.
+#[derive(Debug, Clone)]
+pub struct Footprint {
+    pub cfg: ModelConfig,
+    pub precision: Precision,
+    /// Scalar parameters of the model (base weights).
+    pub params: u64,
+    /// Trained scalars (every weight, or the LoRA adapters).
+    pub trained: u64,
+    pub lora: bool,
+}
+
+impl Footprint {
+    pub fn of(policy: &Policy) -> Footprint {
+        Footprint {
+            cfg: policy.config().clone(),
+            precision: policy.precision(),
+            params: policy.num_params() as u64,
+            trained: policy.num_trainable_params() as u64,
+            lora: policy.lora().is_some(),
+        }
+    }
+}
+
+/// Estimates the peak of a run of `policy` with `shape`.
+pub fn estimate(policy: &Policy, shape: &RunShape) -> MemoryEstimate {
+    estimate_for(&Footprint::of(policy), shape)
+}
+
+/// [`estimate`] from a model's footprint.
+pub fn estimate_for(m: &Footprint, shape: &RunShape) -> MemoryEstimate {
+    let cfg = &m.cfg;
+    let p = m.precision;
+    let total = m.params;
+    let trained = m.trained;
+    let lora = m.lora;
+    // Full training: every weight is an f32 master; under LoRA the base
+    // is frozen in the compute dtype and only the adapters are f32.
+    let frozen = if lora { total } else { 0 };
+    let weights = frozen * p.bytes() as u64 + trained * 4;
+    let optimizer = trained * 3 * 4;
+    let reference = if shape.reference {
+        total * p.bytes() as u64
+    } else {
+        0
+    };
+    // Generation weights: a cast (bf16) or merged (LoRA) copy of the
+    // weights, else the gate/up concatenation alone.
+    let h = cfg.hidden_size as u64;
+    let layers = cfg.num_hidden_layers as u64;
+    let gu = layers * 2 * cfg.intermediate_size as u64 * h * p.bytes() as u64;
+    let copy = if lora || p != Precision::F32 {
+        total * p.bytes() as u64
+    } else {
+        gu
+    };
+    let kv_per_token = layers * 2 * (cfg.num_key_value_heads * cfg.head_dim()) as u64;
+    let kv = shape.rollout_batch as u64 * shape.seq_len as u64 * kv_per_token * p.bytes() as u64;
+    // The prefill's largest activation is chunked (a few MB), so the cache
+    // dominates generation's transient memory.
+    let rollout = copy + kv;
+    let per_sequence = train_bytes_per_token(cfg, p, shape.seq_len) * shape.seq_len as u64
+            // LM head rows of the answer's targets: logits and their gradient.
+            + 2 * 64 * cfg.vocab_size as u64 * 4;
+    MemoryEstimate {
+        weights,
+        optimizer,
+        reference,
+        rollout,
+        train: per_sequence * shape.micro_batch as u64,
+        seq_len: shape.seq_len,
+        micro_batch: shape.micro_batch,
+        per_sequence,
+    }
+}
+
+/// Memory the run may use on the CPU: what the system reports available
+/// plus what this process already holds (the estimate counts the weights
+/// already loaded). `None` where `/proc` cannot tell.
+pub fn available_cpu() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let avail_kb: u64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let rss_pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    // Pages are 4 KiB on the platforms this reads /proc on.
+    Some(avail_kb * 1024 + rss_pages * 4096)
+}
+
+/// Memory of the device `policy` lives on that the run may use: for CUDA
+/// the device's total memory (a run owns its GPU), for the CPU
+/// [`available_cpu`].
+pub fn available(device: &candle_core::Device) -> Option<u64> {
+    match device {
+        candle_core::Device::Cpu => available_cpu(),
+        #[cfg(feature = "cuda")]
+        candle_core::Device::Cuda(d) => d
+            .cuda_stream()
+            .context()
+            .mem_get_info()
+            .ok()
+            .map(|(_free, total)| total as u64),
+        #[allow(unreachable_patterns)]
+        _ => None,
+    }
+}
+
+/// Gibibytes, for messages.
+pub fn gib(bytes: u64) -> String {
+    format!("{:.1} GiB", bytes as f64 / (1u64 << 30) as f64)
+}
+
+/// Why a configuration was refused.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error(
+    "this run would need about {need} at its peak but {have} is usable on {device} \
+     ({usable:.0}% of {total}): weights {weights}, optimizer state {optimizer}, \
+     KL reference {reference}, rollout {rollout}, training micro-batch of {micro_batch} \
+     sequences × {seq_len} tokens {train}. {hint}"
+)]
+pub struct MemoryError {
+    pub need: String,
+    pub have: String,
+    pub device: String,
+    pub usable: f64,
+    pub total: String,
+    pub weights: String,
+    pub optimizer: String,
+    pub reference: String,
+    pub rollout: String,
+    pub micro_batch: usize,
+    pub seq_len: usize,
+    pub train: String,
+    /// What to change.
+    pub hint: String,
+}
+
+/// Refuses `est` when its peak exceeds [`USABLE_SHARE`] of `total` bytes
+/// on `device` (a name for the message); the hint names the largest
+/// `trainer.micro_batch` that fits, or what else to change.
+pub fn check(est: &MemoryEstimate, total: u64, device: &str) -> Result<(), Box<MemoryError>> {
+    let budget = (total as f64 * USABLE_SHARE) as u64;
+    if est.peak() <= budget {
+        return Ok(());
+    }
+    let hint = match est.fitting_micro_batch(budget) {
+        Some(m) if m >= 1 => format!(
+            "Set trainer.micro_batch to {m} or less (gradients accumulate over micro-batches, \
+             so the update is the same)."
+        ),
+        _ => "Even one sequence per micro-batch does not fit: train LoRA adapters \
+              (model.lora), compute in bf16 (model.dtype: \"bf16\"), shorten prompts \
+              (rollout.history, rollout.show_actions: false), drop the KL reference \
+              (trainer.kl_coef: 0) or use a device with more memory."
+            .to_string(),
+    };
+    Err(Box::new(MemoryError {
+        need: gib(est.peak()),
+        have: gib(budget),
+        device: device.to_string(),
+        usable: USABLE_SHARE * 100.0,
+        total: gib(total),
+        weights: gib(est.weights),
+        optimizer: gib(est.optimizer),
+        reference: gib(est.reference),
+        rollout: gib(est.rollout),
+        micro_batch: est.micro_batch,
+        seq_len: est.seq_len,
+        train: gib(est.train),
+        hint,
+    }))
+}
+
+/// The longest training sequence of a run on `tasks`, measured: the
+/// expert trajectories of the (up to) 8 tasks with the longest experts are
+/// rolled through the env with the whole plan shown (the longest prompts
+/// guidance can make), and the longest prompt gets an answer of
+/// `max_action_tokens`. Draws from its own seed stream, so the run's
+/// random draws do not change.
+pub fn probe_seq_len(
+    policy: &Policy,
+    tok: &crate::model::Tok,
+    make: &dyn Fn(usize) -> Box<dyn crate::env::Env>,
+    tasks: &[crate::env::Task],
+    opts: &crate::rollout::RolloutOptions,
+    seed: u64,
+) -> Result<usize, crate::rollout::RolloutError> {
+    use crate::guidance::ResolvedSpec;
+    use crate::rollout::EpisodeRequest;
+    let mut order: Vec<&crate::env::Task> = tasks.iter().collect();
+    order.sort_by_key(|t| std::cmp::Reverse(t.expert.len()));
+    let reqs: Vec<EpisodeRequest> = order
+        .into_iter()
+        .take(8)
+        .map(|t| EpisodeRequest {
+            task: t,
+            spec: ResolvedSpec {
+                expert: true,
+                plan: t.expert.len(),
+                ..Default::default()
+            },
+        })
+        .collect();
+    let mut rng = crate::seed::rng(seed, &[crate::seed::label("memory-probe")]);
+    let (eps, _) = crate::rollout::run(policy, tok, make, &reqs, opts, &mut rng, None)?;
+    let longest = eps
+        .iter()
+        .flat_map(|e| &e.turns)
+        .map(|t| {
+            t.prompt_ids
+                .len()
+                .max(t.unguided_prompt_ids.as_ref().map_or(0, Vec::len))
+        })
+        .max()
+        .unwrap_or(0);
+    Ok(longest + opts.max_action_tokens)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// SmolLM2-135M's dimensions.
+    fn smollm2() -> ModelConfig {
+        let mut c: ModelConfig = serde_json::from_value(serde_json::json!({
+            "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+            "vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536,
+            "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
+            "rope_theta": 100000.0, "rms_norm_eps": 1e-5, "max_position_embeddings": 8192,
+            "tie_word_embeddings": true
+        }))
+        .unwrap();
+        c.bos_token_id = Some(1);
+        c
+    }
+
+    fn footprint(lora: bool, precision: Precision) -> Footprint {
+        Footprint {
+            cfg: smollm2(),
+            precision,
+            params: 134_515_008,
+            trained: if lora { 2_442_240 } else { 134_515_008 },
+            lora,
+        }
+    }
+
+    #[test]
+    fn the_activation_model_matches_the_measured_smollm2_step() {
+        // Measured: 2.96 MB per token (f32, 256-token sequences).
+        let b = train_bytes_per_token(&smollm2(), Precision::F32, 256) as f64 / 1e6;
+        assert!((2.96..3.3).contains(&b), "{b} MB per token");
+        // bf16 halves the saved activations except the f32 attention scores.
+        let h = train_bytes_per_token(&smollm2(), Precision::Bf16, 256) as f64 / 1e6;
+        assert!(h < 0.7 * b, "{h} vs {b}");
+    }
+
+    #[test]
+    fn the_oom_killed_smollm2_configuration_is_refused_with_a_micro_batch_that_fits() {
+        // examples/smollm2_household.rhai at the default micro-batch (64)
+        // was killed at 23 GB: chat prompts of ~330 tokens.
+        let shape = RunShape {
+            micro_batch: 64,
+            rollout_batch: 8,
+            seq_len: 330,
+            reference: true,
+        };
+        let est = estimate_for(&footprint(true, Precision::F32), &shape);
+        let total = 23u64 << 30;
+        let err = check(&est, total, "cpu").unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("Set trainer.micro_batch to"), "{msg}");
+        let m: usize = msg
+            .split("Set trainer.micro_batch to ")
+            .nth(1)
+            .and_then(|s| s.split(' ').next())
+            .and_then(|s| s.parse().ok())
+            .unwrap();
+        assert!((1..64).contains(&m), "{m}");
+        let fits = |mb: usize| {
+            let e = estimate_for(
+                &footprint(true, Precision::F32),
+                &RunShape {
+                    micro_batch: mb,
+                    ..shape
+                },
+            );
+            check(&e, total, "cpu").is_ok()
+        };
+        assert!(fits(m) && !fits(m + 1), "{m} is the largest that fits");
+        // The example's own setting (4) fits.
+        assert!(fits(4));
+    }
+
+    #[test]
+    fn when_nothing_fits_the_hint_names_the_other_levers() {
+        let shape = RunShape {
+            micro_batch: 1,
+            rollout_batch: 8,
+            seq_len: 330,
+            reference: true,
+        };
+        let full = estimate_for(&footprint(false, Precision::F32), &shape);
+        let err = check(&full, 2u64 << 30, "cuda:0").unwrap_err().to_string();
+        assert!(err.contains("model.lora") && err.contains("bf16"), "{err}");
+        assert!(err.contains("on cuda:0"), "{err}");
+        // Full training holds weights, gradients and two moments in f32.
+        assert_eq!(full.weights + full.optimizer, 134_515_008 * 16);
+        // LoRA in bf16 stores the base in bf16 and trains f32 adapters.
+        let lora = estimate_for(&footprint(true, Precision::Bf16), &shape);
+        assert_eq!(lora.weights, 134_515_008 * 2 + 2_442_240 * 4);
+        assert!(lora.peak() < full.peak() / 2);
+    }
+}
