@@ -28,10 +28,12 @@
 //!   evaluation, probe, export, comparisons;
 //! - [`report`]: figures, markdown and HTML reports of runs;
 //! - [`bench`]: throughput of the whole loop;
-//! - [`bench_model`]: raw decode / train throughput of a model.
+//! - [`bench_model`]: raw decode / train throughput of a model;
+//! - [`device_check`]: a device computes and trains like the CPU.
 
 pub mod bench;
 pub mod bench_model;
+pub mod device_check;
 pub mod env;
 pub mod experiment;
 pub mod guidance;

@@ -68,6 +68,9 @@ enum Cmd {
     BenchModel(cli::model::BenchModelArgs),
     /// Measure rollout and train tokens/s of a model on the household env.
     Bench(cli::model::BenchArgs),
+    /// Check that a device (cuda:N, or cpu) computes what the CPU does in
+    /// f32 and bf16 and trains (gradients, generation, a LoRA step).
+    CheckDevice(cli::model::CheckDeviceArgs),
 }
 
 fn main() {
@@ -93,5 +96,6 @@ fn dispatch(cmd: Cmd) -> Result<()> {
         Cmd::InitTiny(a) => cli::model::init_tiny(a),
         Cmd::BenchModel(a) => cli::model::bench_model(a),
         Cmd::Bench(a) => cli::model::bench(a),
+        Cmd::CheckDevice(a) => cli::model::check_device(a),
     }
 }

@@ -166,3 +166,23 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     })?;
     print_report(&report, a.json)
 }
+
+// Flags of `actguide check-device`.
+#[derive(Args)]
+pub struct CheckDeviceArgs {
+    /// Device: cuda, cuda:N (or cpu, where parity is trivial).
+    #[arg(default_value = "cuda")]
+    device: DeviceSpec,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn check_device(a: CheckDeviceArgs) -> Result<()> {
+    let report = actguide::device_check::run(a.device)?;
+    print_report(&report, a.json)?;
+    if !report.passed() {
+        anyhow::bail!("{}: some checks failed (rows marked NO)", report.device);
+    }
+    Ok(())
+}

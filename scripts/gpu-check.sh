@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# The prepared GPU check: on a machine with one NVIDIA GPU (H100/H200
+# class), in under 8 minutes once built, it
+#   1. builds with `--features cuda` (release),
+#   2. runs `actguide check-device cuda` (CPU-vs-CUDA parity of log-probs
+#      and logits in f32 and bf16, gradient completeness, generation vs
+#      scoring, a bf16 LoRA step) and the CUDA integration tests
+#      (tests/cuda.rs, ignored without a GPU),
+#   3. runs `bench-model` on SmolLM2-135M at batch 1/8/32 on CUDA in bf16
+#      and f32,
+#   4. runs 3 guided LoRA steps of examples/smollm2_household.rhai on CUDA,
+# and prints one summary table. Logs and JSON go to $GPU_CHECK_OUT
+# (default runs/gpu-check).
+#
+#   scripts/gpu-check.sh
+#
+# Offline GPU machines (no cargo, no network): build here with
+#   eval "$(scripts/cuda-toolchain.sh)"
+#   cargo build --release --features cuda
+#   cargo test --release --features cuda --test cuda --no-run   # prints the test binary
+# copy the two binaries (and models/smollm2/) over, and run with
+#   ACTGUIDE_BIN=path/to/actguide ACTGUIDE_CUDA_TESTS=path/to/cuda-<hash> scripts/gpu-check.sh
+# Multi-GPU data parallelism is not built yet (see docs/ARCHITECTURE.md,
+# "Devices"); this script checks one GPU.
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+OUTDIR="${GPU_CHECK_OUT:-$ROOT/runs/gpu-check}"
+mkdir -p "$OUTDIR"
+MODEL="${SMOLLM2_GGUF:-$ROOT/models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf}"
+declare -a SUMMARY=()
+note() { SUMMARY+=("$1|$2|$3"); }
+elapsed() { echo $(( $(date +%s) - $1 )); }
+
+command -v nvidia-smi >/dev/null || { echo "gpu-check: nvidia-smi not found: no NVIDIA driver here" >&2; exit 1; }
+nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv,noheader | tee "$OUTDIR/gpu.txt"
+cap="$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d '. ')"
+export CUDA_COMPUTE_CAP="${CUDA_COMPUTE_CAP:-$cap}"
+
+# 1. Build.
+BIN="${ACTGUIDE_BIN:-}"
+TESTS="${ACTGUIDE_CUDA_TESTS:-}"
+if [ -z "$BIN" ]; then
+    t=$(date +%s)
+    if ! command -v nvcc >/dev/null; then
+        eval "$(scripts/cuda-toolchain.sh)" || { echo "gpu-check: no nvcc and the toolchain script failed" >&2; exit 1; }
+    fi
+    if cargo build --release --features cuda 2>&1 | tee "$OUTDIR/build.log" | tail -3; then
+        BIN="$ROOT/target/release/actguide"
+        TESTS="$(cargo test --release --features cuda --test cuda --no-run --message-format=json 2>>"$OUTDIR/build.log" \
+            | python3 -c 'import sys, json
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "cuda":
+        print(m["executable"])' | tail -1)"
+        note "build (--features cuda)" "ok" "$(elapsed "$t") s"
+    else
+        note "build (--features cuda)" "FAILED" "see $OUTDIR/build.log"
+    fi
+else
+    note "build (--features cuda)" "prebuilt" "$BIN"
+fi
+
+if [ -n "$BIN" ] && [ -x "$BIN" ]; then
+    # 2. Parity, gradients, generation, LoRA step; then the integration tests.
+    t=$(date +%s)
+    if "$BIN" check-device cuda | tee "$OUTDIR/check-device.txt"; then
+        note "check-device cuda" "ok" "$(grep -c ' yes ' "$OUTDIR/check-device.txt") checks pass ($(elapsed "$t") s)"
+    else
+        note "check-device cuda" "FAILED" "rows marked NO in $OUTDIR/check-device.txt"
+    fi
+    if [ -n "$TESTS" ] && [ -x "$TESTS" ]; then
+        t=$(date +%s)
+        if "$TESTS" --include-ignored --test-threads 1 2>&1 | tee "$OUTDIR/cuda-tests.log" | tail -3; then
+            note "tests/cuda.rs" "ok" "$(grep -o '[0-9]* passed' "$OUTDIR/cuda-tests.log" | tail -1) ($(elapsed "$t") s)"
+        else
+            note "tests/cuda.rs" "FAILED" "$OUTDIR/cuda-tests.log"
+        fi
+    else
+        note "tests/cuda.rs" "skipped" "no test binary (set ACTGUIDE_CUDA_TESTS)"
+    fi
+
+    # 3. Throughput on SmolLM2.
+    [ -s "$MODEL" ] || scripts/fetch-smollm2.sh >/dev/null 2>&1 || true
+    if [ -s "$MODEL" ]; then
+        for dt in bf16 f32; do
+            t=$(date +%s)
+            if "$BIN" bench-model "$MODEL" --device cuda --dtype "$dt" --batches 1,8,32 --json \
+                >"$OUTDIR/bench-$dt.json" 2>"$OUTDIR/bench-$dt.err"; then
+                note "bench-model SmolLM2 $dt" "ok" "$(python3 -c 'import json, sys
+r = json.load(open(sys.argv[1]))
+print("; ".join("B=%d decode %.0f tok/s, train %.0f tok/s" % (x["batch"], x["decode_tok_s"], x["train_tok_s"]) for x in r["rows"]))' "$OUTDIR/bench-$dt.json") ($(elapsed "$t") s)"
+            else
+                note "bench-model SmolLM2 $dt" "FAILED" "$OUTDIR/bench-$dt.err"
+            fi
+        done
+
+        # 4. Three guided LoRA steps of the SmolLM2 example on CUDA.
+        exp="$OUTDIR/smollm2_household_cuda.rhai"
+        sed -e 's|name: "smollm2_household",|name: "smollm2_household_cuda",|' \
+            -e "s|path: \"models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf\",|path: \"$MODEL\", device: \"cuda\",|" \
+            examples/smollm2_household.rhai >"$exp"
+        if grep -q 'device: "cuda"' "$exp"; then
+            t=$(date +%s)
+            rm -rf runs/smollm2_household_cuda
+            if "$BIN" run "$exp" --plain 2>&1 | tee "$OUTDIR/smollm2-run.log" | tail -8; then
+                note "smollm2_household on cuda" "ok" "$(grep -E 'throughput|wall time' "$OUTDIR/smollm2-run.log" | tr -s ' ' | paste -sd ';') ($(elapsed "$t") s)"
+            else
+                note "smollm2_household on cuda" "FAILED" "$OUTDIR/smollm2-run.log"
+            fi
+        else
+            note "smollm2_household on cuda" "FAILED" "could not point the example at cuda (its model line changed?)"
+        fi
+    else
+        note "bench-model SmolLM2" "skipped" "no $MODEL (scripts/fetch-smollm2.sh needs PyPI)"
+        note "smollm2_household on cuda" "skipped" "no model"
+    fi
+fi
+
+echo
+echo "== gpu-check summary ($(head -1 "$OUTDIR/gpu.txt")) =="
+printf '%-28s %-9s %s\n' "step" "result" "details"
+status=0
+for row in "${SUMMARY[@]}"; do
+    IFS='|' read -r step result details <<<"$row"
+    printf '%-28s %-9s %s\n' "$step" "$result" "$details"
+    [ "$result" = "FAILED" ] && status=1
+done
+exit $status
