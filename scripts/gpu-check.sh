@@ -20,8 +20,8 @@
 #   cargo test --release --features cuda --test cuda --no-run   # prints the test binary
 # copy the two binaries (and models/smollm2/) over, and run with
 #   ACTGUIDE_BIN=path/to/actguide ACTGUIDE_CUDA_TESTS=path/to/cuda-<hash> scripts/gpu-check.sh
-# Multi-GPU data parallelism is not built yet (see docs/ARCHITECTURE.md,
-# "Devices"); this script checks one GPU.
+# Multi-GPU data parallelism is designed (docs/DISTRIBUTED.md) but not
+# built yet; this script checks one GPU.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
