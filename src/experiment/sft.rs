@@ -318,6 +318,31 @@ pub fn run(
         let spec = spec.clone();
         move |limit: usize| -> Box<dyn Env> { make_env(&spec, limit) }
     };
+    // The same peak-memory check as `run` (no KL reference, no
+    // generation: expert trajectories only).
+    let check = crate::experiment::memory::before_start(&crate::experiment::memory::StartCheck {
+        policy: &ctx.policy,
+        tok: &ctx.tok,
+        make: &make,
+        tasks: &ctx.tasks,
+        opts: &ctx.ropts,
+        seed: ctx.exp.seed,
+        builtin_env: matches!(ctx.exp.env.kind, crate::env::EnvKindName::Builtin(_)),
+        micro_batch: ctx.exp.trainer.micro_batch,
+        rollout_batch: 0,
+        reference: false,
+        limit: None,
+        device: ctx.exp.model.device.to_string(),
+    });
+    match check {
+        Ok(line) => on_event(SftEvent::Log(line)),
+        Err(e) => {
+            if o.resume.is_none() {
+                let _ = std::fs::remove_dir_all(ctx.dir.path());
+            }
+            return Err(e);
+        }
+    }
     let mut step = start;
     let mut done_here = 0;
     while step < steps && o.stop_after.is_none_or(|n| done_here < n) {

@@ -211,55 +211,28 @@ impl Totals {
 
 /// Estimates the run's peak memory before it starts (see
 /// [`crate::experiment::memory`]) and refuses it when it cannot fit, with
-/// the `trainer.micro_batch` that can. External envs are not probed (the
-/// probe's episodes would reach the server): the check is skipped, and
-/// said so.
+/// the `trainer.micro_batch` that can.
 fn check_memory(
     ctx: &Ctx,
     make: &dyn Fn(usize) -> Box<dyn Env>,
     limit: Option<u64>,
     on_event: &mut dyn FnMut(Event),
 ) -> Result<(), RunError> {
-    use crate::experiment::memory;
-    if !matches!(ctx.exp.env.kind, crate::env::EnvKindName::Builtin(_)) {
-        on_event(Event::Log(
-            "memory estimate skipped: an external env's prompt lengths are not probed".into(),
-        ));
-        return Ok(());
-    }
-    let seq_len = memory::probe_seq_len(
-        &ctx.policy,
-        &ctx.tok,
+    let line = crate::experiment::memory::before_start(&crate::experiment::memory::StartCheck {
+        policy: &ctx.policy,
+        tok: &ctx.tok,
         make,
-        &ctx.train,
-        &ctx.ropts,
-        ctx.exp.seed,
-    )?;
-    let est = memory::estimate(
-        &ctx.policy,
-        &memory::RunShape {
-            micro_batch: ctx.exp.trainer.micro_batch,
-            rollout_batch: ctx.exp.rollout.tasks_per_step * ctx.exp.rollout.group_size,
-            seq_len,
-            reference: ctx.exp.trainer.kl_coef > 0.0,
-        },
-    );
-    let device = ctx.exp.model.device.to_string();
-    let Some(total) = limit.or_else(|| memory::available(ctx.policy.device())) else {
-        on_event(Event::Log(format!(
-            "memory estimate: peak about {} (the free memory of {device} is unknown)",
-            memory::gib(est.peak())
-        )));
-        return Ok(());
-    };
-    memory::check(&est, total, &device)?;
-    on_event(Event::Log(format!(
-        "memory estimate: peak about {} of {} usable on {device} (micro-batch {} × {} tokens)",
-        memory::gib(est.peak()),
-        memory::gib((total as f64 * memory::USABLE_SHARE) as u64),
-        est.micro_batch,
-        est.seq_len
-    )));
+        tasks: &ctx.train,
+        opts: &ctx.ropts,
+        seed: ctx.exp.seed,
+        builtin_env: matches!(ctx.exp.env.kind, crate::env::EnvKindName::Builtin(_)),
+        micro_batch: ctx.exp.trainer.micro_batch,
+        rollout_batch: ctx.exp.rollout.tasks_per_step * ctx.exp.rollout.group_size,
+        reference: ctx.exp.trainer.kl_coef > 0.0,
+        limit,
+        device: ctx.exp.model.device.to_string(),
+    })?;
+    on_event(Event::Log(line));
     Ok(())
 }
 
