@@ -64,10 +64,10 @@ fi
 if [ -n "$BIN" ] && [ -x "$BIN" ]; then
     # 2. Parity, gradients, generation, LoRA step; then the integration tests.
     t=$(date +%s)
-    if "$BIN" check-device cuda | tee "$OUTDIR/check-device.txt"; then
+    if "$BIN" check-device cuda 2>&1 | tee "$OUTDIR/check-device.txt"; then
         note "check-device cuda" "ok" "$(grep -c ' yes ' "$OUTDIR/check-device.txt") checks pass ($(elapsed "$t") s)"
     else
-        note "check-device cuda" "FAILED" "rows marked NO in $OUTDIR/check-device.txt"
+        note "check-device cuda" "FAILED" "see $OUTDIR/check-device.txt"
     fi
     if [ -n "$TESTS" ] && [ -x "$TESTS" ]; then
         t=$(date +%s)
