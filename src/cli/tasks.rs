@@ -24,6 +24,9 @@ enum TasksCmd {
     /// Build a panel from an external env: goals from its first
     /// observations, expert actions from the env, replayed to check them.
     FromServer(FromServerArgs),
+    /// Keep the tasks of a panel that match (expert length, type), in file
+    /// order, optionally only the first N.
+    Select(SelectArgs),
 }
 
 pub fn run(a: TasksArgs) -> Result<()> {
@@ -31,7 +34,54 @@ pub fn run(a: TasksArgs) -> Result<()> {
         TasksCmd::Generate(a) => generate(a),
         TasksCmd::Stats(a) => stats(a),
         TasksCmd::FromServer(a) => from_server(a),
+        TasksCmd::Select(a) => select(a),
     }
+}
+
+// Flags of `actguide tasks select`.
+#[derive(Args)]
+struct SelectArgs {
+    /// The panel to select from.
+    panel: PathBuf,
+    /// Output panel file.
+    #[arg(long)]
+    out: PathBuf,
+    /// Tasks with at least this many expert actions.
+    #[arg(long)]
+    min_expert: Option<usize>,
+    /// Tasks with at most this many expert actions.
+    #[arg(long)]
+    max_expert: Option<usize>,
+    /// Comma-separated task types (default: all).
+    #[arg(long, value_delimiter = ',')]
+    types: Vec<String>,
+    /// Then only the first N (file order).
+    #[arg(long)]
+    first: Option<usize>,
+}
+
+fn select(a: SelectArgs) -> Result<()> {
+    let tasks = panel::read_jsonl(&a.panel)?;
+    let kept = panel::select(
+        &tasks,
+        &panel::Selection {
+            min_expert: a.min_expert,
+            max_expert: a.max_expert,
+            types: a.types,
+            first: a.first,
+        },
+    );
+    if kept.is_empty() {
+        anyhow::bail!("{}: no task matches the selection", a.panel.display());
+    }
+    panel::write_jsonl(&a.out, &kept)?;
+    println!(
+        "wrote {} of {} tasks to {}",
+        kept.len(),
+        tasks.len(),
+        a.out.display()
+    );
+    Ok(())
 }
 
 // Flags of `actguide tasks generate`.

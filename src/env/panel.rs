@@ -133,6 +133,33 @@ fn canonical(v: &Value, out: &mut String) {
     }
 }
 
+/// Which tasks of a panel to keep (`actguide tasks select`). Every given
+/// condition must hold; `first` applies last, in file order, so a
+/// selection of a committed panel is reproducible.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Selection {
+    /// Keep tasks with at least this many expert actions.
+    pub min_expert: Option<usize>,
+    /// Keep tasks with at most this many expert actions.
+    pub max_expert: Option<usize>,
+    /// Keep these task types (empty: every type).
+    pub types: Vec<String>,
+    /// Then keep the first this many.
+    pub first: Option<usize>,
+}
+
+/// The tasks of `tasks` that `s` keeps, in their order.
+pub fn select(tasks: &[Task], s: &Selection) -> Vec<Task> {
+    tasks
+        .iter()
+        .filter(|t| s.min_expert.is_none_or(|m| t.expert.len() >= m))
+        .filter(|t| s.max_expert.is_none_or(|m| t.expert.len() <= m))
+        .filter(|t| s.types.is_empty() || s.types.contains(&t.task_type))
+        .take(s.first.unwrap_or(usize::MAX))
+        .cloned()
+        .collect()
+}
+
 /// Write a panel (creating the parent directory if needed).
 pub fn write_jsonl(path: &Path, tasks: &[Task]) -> Result<(), PanelError> {
     let io = |source| PanelError::Io {
@@ -256,6 +283,71 @@ pub(crate) fn visit_texts(
             }
             check(&obs.text);
         }
+    }
+}
+
+#[cfg(test)]
+mod selection_tests {
+    use super::*;
+
+    fn committed(name: &str) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("envs/household")
+            .join(name)
+    }
+
+    #[test]
+    fn selections_keep_order_and_every_condition() {
+        let train = read_jsonl(&committed("train.jsonl")).unwrap();
+        let long = select(
+            &train,
+            &Selection {
+                min_expert: Some(5),
+                ..Default::default()
+            },
+        );
+        assert!(!long.is_empty() && long.iter().all(|t| t.expert.len() >= 5));
+        let n_long = train.iter().filter(|t| t.expert.len() >= 5).count();
+        assert_eq!(long.len(), n_long);
+        // File order is kept.
+        let pos = |id: &str| train.iter().position(|t| t.id == id).unwrap();
+        assert!(long.windows(2).all(|w| pos(&w[0].id) < pos(&w[1].id)));
+        let some = select(
+            &train,
+            &Selection {
+                max_expert: Some(4),
+                types: vec!["pick_clean_then_place".into()],
+                first: Some(3),
+                ..Default::default()
+            },
+        );
+        assert_eq!(some.len(), 3);
+        assert!(some
+            .iter()
+            .all(|t| t.expert.len() <= 4 && t.task_type == "pick_clean_then_place"));
+    }
+
+    /// The barrier benchmark's panels are selections of the committed
+    /// household panels (`actguide tasks select … --min-expert 5`), and
+    /// selecting again gives the committed files byte for byte.
+    #[test]
+    fn the_barrier_panels_are_reproducible_selections() {
+        let long = |src: &str, first: Option<usize>| {
+            to_jsonl(&select(
+                &read_jsonl(&committed(src)).unwrap(),
+                &Selection {
+                    min_expert: Some(5),
+                    first,
+                    ..Default::default()
+                },
+            ))
+        };
+        let train = std::fs::read_to_string(committed("long24.jsonl")).unwrap();
+        let test = std::fs::read_to_string(committed("long_test.jsonl")).unwrap();
+        assert_eq!(long("train.jsonl", Some(24)), train);
+        assert_eq!(long("test.jsonl", None), test);
+        assert_eq!(train.lines().count(), 24);
+        assert_eq!(test.lines().count(), 32);
     }
 }
 
