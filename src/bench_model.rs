@@ -248,11 +248,7 @@ fn train_step(
     let out = policy.score(&batch)?;
     let loss = out.logp.mean_all()?.neg()?;
     let grads = loss.backward()?;
-    let g: Vec<Option<Tensor>> = opt
-        .vars()
-        .iter()
-        .map(|(_, v)| grads.get(v.as_tensor()).cloned())
-        .collect();
+    let g: Vec<Option<Tensor>> = opt.grads_from(&grads);
     let loss = f64::from(loss.to_scalar::<f32>()?);
     let t = Instant::now();
     opt.step(&g, lr)?;
@@ -303,15 +299,7 @@ pub fn run_with(
         // Not the model's eos: see the module docs.
         eos_token_id: (vocab - 1) as u32,
     };
-    let mut opt = AdamW::new(
-        policy.named_vars(),
-        AdamWParams {
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
-            weight_decay: 0.0,
-        },
-    )?;
+    let mut opt = AdamW::new(policy.named_vars(), AdamWParams::without_decay())?;
     let mut rows = Vec::new();
     for (bi, &b) in cfg.batches.iter().enumerate() {
         let mut rng = seed::rng(cfg.seed, &[seed::label("bench-model"), bi as u64]);

@@ -291,23 +291,11 @@ fn lora_step(base: &Policy, device: &Device) -> Result<CheckRow, ModelError> {
         Ok(vec1(&p.score(&b)?.logp)?.iter().map(|&v| v as f64).sum())
     };
     let before = total(&p)?;
-    let mut opt = AdamW::new(
-        p.named_vars(),
-        AdamWParams {
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
-            weight_decay: 0.0,
-        },
-    )?;
+    let mut opt = AdamW::new(p.named_vars(), AdamWParams::without_decay())?;
     for _ in 0..5 {
         let loss = p.score(&b)?.logp.sum_all()?.neg()?;
         let g = loss.backward()?;
-        let grads: Vec<Option<Tensor>> = opt
-            .vars()
-            .iter()
-            .map(|(_, v)| g.get(v.as_tensor()).cloned())
-            .collect();
+        let grads: Vec<Option<Tensor>> = opt.grads_from(&g);
         opt.step(&grads, 1e-2)?;
     }
     let gain = total(&p)? - before;

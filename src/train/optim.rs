@@ -25,6 +25,19 @@ pub struct AdamWParams {
     pub weight_decay: f64,
 }
 
+impl AdamWParams {
+    /// Adam's usual betas and eps (0.9, 0.999, 1e-8) without weight decay:
+    /// what benchmarks and checks that just need a working optimiser use.
+    pub fn without_decay() -> Self {
+        AdamWParams {
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.0,
+        }
+    }
+}
+
 /// AdamW over named variables.
 ///
 /// Invariant relied on by the in-place update: every `m[i]` and `v[i]` owns
@@ -61,6 +74,15 @@ impl AdamW {
 
     pub fn vars(&self) -> &[(String, Var)] {
         &self.vars
+    }
+
+    /// The gradients of `vars()` in `grads` (the result of `backward()`),
+    /// aligned for [`AdamW::step`].
+    pub fn grads_from(&self, grads: &candle_core::backprop::GradStore) -> Vec<Option<Tensor>> {
+        self.vars
+            .iter()
+            .map(|(_, v)| grads.get(v.as_tensor()).cloned())
+            .collect()
     }
 
     /// One update with gradients aligned to `vars()` (None = no gradient).
@@ -428,16 +450,8 @@ mod tests {
     #[test]
     fn adamw_minimises_a_quadratic_and_matches_closed_form_first_step() {
         let x = Var::new(&[3.0f32, -2.0], &Device::Cpu).unwrap();
-        let mut opt = AdamW::new(
-            vec![("x".into(), x.clone())],
-            AdamWParams {
-                beta1: 0.9,
-                beta2: 0.999,
-                eps: 1e-8,
-                weight_decay: 0.0,
-            },
-        )
-        .unwrap();
+        let mut opt =
+            AdamW::new(vec![("x".into(), x.clone())], AdamWParams::without_decay()).unwrap();
         // First Adam step moves each coordinate by lr·sign(g).
         let g = (x.as_tensor() * 2.0).unwrap();
         opt.step(&[Some(g)], 0.1).unwrap();

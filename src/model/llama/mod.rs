@@ -136,7 +136,6 @@ impl Policy {
     pub fn with_precision(mut self, p: Precision) -> Result<Policy> {
         let dt = p.dtype();
         let trained: HashSet<_> = self.vars.iter().map(|(_, v)| v.as_tensor().id()).collect();
-        let gu = self.w.layers.iter().any(|l| l.gu.is_some());
         self.w = self.w.map(&|t| {
             Ok(if trained.contains(&t.id()) {
                 t.clone()
@@ -144,10 +143,6 @@ impl Policy {
                 t.to_dtype(dt)?
             })
         })?;
-        debug_assert!(
-            !gu,
-            "stored weights never hold the generation-only gate/up concat"
-        );
         self.dtype = dt;
         Ok(self)
     }

@@ -4,7 +4,7 @@
 use candle_core::{DType, Tensor};
 
 use super::block::AttnMask;
-use super::Policy;
+use super::{Policy, Weights};
 use crate::model::error::{ModelError, Result};
 use crate::model::ops;
 
@@ -60,8 +60,9 @@ impl Policy {
                 entropy: empty,
             });
         }
-        let hidden = self.target_hidden(batch, &rows, n_targets)?;
+        // Cast once per call (a no-op in f32): the trunk and the head share it.
         let w = &self.compute_weights()?;
+        let hidden = self.target_hidden(w, batch, &rows, n_targets)?;
         let tgt: Vec<u32> = batch
             .seqs
             .iter()
@@ -114,11 +115,12 @@ impl Policy {
         Ok(rows)
     }
 
-    /// Runs the trunk over `rows` (see [`Policy::score_rows`]) chunk by
+    /// Runs the trunk (weights `w`) over `rows` (see [`Policy::score_rows`]) chunk by
     /// chunk, longest first, and returns the pre-norm hidden rows that
     /// predict the `n_targets` targets, in output order.
     fn target_hidden(
         &self,
+        w: &Weights,
         batch: &ScoreBatch,
         rows: &[(usize, usize)],
         n_targets: usize,
@@ -134,7 +136,6 @@ impl Policy {
         let mut order: Vec<usize> = (0..rows.len()).collect();
         order.sort_by_key(|&r| std::cmp::Reverse(rows[r].1));
         let lens: Vec<usize> = order.iter().map(|&r| rows[r].1).collect();
-        let w = &self.compute_weights()?;
         let mut parts = Vec::new();
         // gathered[k] = output position of the k-th gathered hidden row.
         let mut gathered = Vec::with_capacity(n_targets);

@@ -223,16 +223,7 @@ fn lora_training_moves_the_target_log_prob() {
         .unwrap()
         .to_scalar()
         .unwrap();
-    let mut opt = AdamW::new(
-        p.named_vars(),
-        AdamWParams {
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
-            weight_decay: 0.0,
-        },
-    )
-    .unwrap();
+    let mut opt = AdamW::new(p.named_vars(), AdamWParams::without_decay()).unwrap();
     let base_before: Vec<(String, Tensor)> = p
         .named_tensors()
         .into_iter()
@@ -248,11 +239,7 @@ fn lora_training_moves_the_target_log_prob() {
             .neg()
             .unwrap();
         let g = loss.backward().unwrap();
-        let grads: Vec<Option<Tensor>> = opt
-            .vars()
-            .iter()
-            .map(|(_, v)| g.get(v.as_tensor()).cloned())
-            .collect();
+        let grads: Vec<Option<Tensor>> = opt.grads_from(&g);
         opt.step(&grads, 1e-2).unwrap();
     }
     let after: f32 = p

@@ -65,24 +65,11 @@ fn target_logp(p: &Policy, b: &ScoreBatch) -> f32 {
 
 /// `n` AdamW steps raising the batch's target log-prob.
 fn train(p: &Policy, b: &ScoreBatch, n: usize, lr: f64) {
-    let mut opt = AdamW::new(
-        p.named_vars(),
-        AdamWParams {
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
-            weight_decay: 0.0,
-        },
-    )
-    .unwrap();
+    let mut opt = AdamW::new(p.named_vars(), AdamWParams::without_decay()).unwrap();
     for _ in 0..n {
         let loss = p.score(b).unwrap().logp.sum_all().unwrap().neg().unwrap();
         let g = loss.backward().unwrap();
-        let grads: Vec<Option<Tensor>> = opt
-            .vars()
-            .iter()
-            .map(|(_, v)| g.get(v.as_tensor()).cloned())
-            .collect();
+        let grads: Vec<Option<Tensor>> = opt.grads_from(&g);
         opt.step(&grads, lr).unwrap();
     }
 }
