@@ -217,27 +217,26 @@ pub fn gib(bytes: u64) -> String {
     format!("{:.1} GiB", bytes as f64 / (1u64 << 30) as f64)
 }
 
+/// The share of `total` bytes a run may plan for.
+pub fn budget(total: u64) -> u64 {
+    (total as f64 * USABLE_SHARE) as u64
+}
+
 /// Why a configuration was refused.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error(
-    "this run would need about {need} at its peak but {have} is usable on {device} \
-     ({usable:.0}% of {total}): weights {weights}, optimizer state {optimizer}, \
-     KL reference {reference}, rollout {rollout}, training micro-batch of {micro_batch} \
-     sequences × {seq_len} tokens {train}. {hint}"
+    "this run would need about {} at its peak but {} is usable on {device} \
+     ({:.0}% of {}): weights {}, optimizer state {}, KL reference {}, rollout {}, \
+     training micro-batch of {} sequences × {} tokens {}. {hint}",
+    gib(.est.peak()), gib(budget(*.total)), USABLE_SHARE * 100.0, gib(*.total),
+    gib(.est.weights), gib(.est.optimizer), gib(.est.reference), gib(.est.rollout),
+    .est.micro_batch, .est.seq_len, gib(.est.train)
 )]
 pub struct MemoryError {
-    pub need: String,
-    pub have: String,
+    pub est: MemoryEstimate,
+    /// Bytes the device has (or the user's limit).
+    pub total: u64,
     pub device: String,
-    pub usable: f64,
-    pub total: String,
-    pub weights: String,
-    pub optimizer: String,
-    pub reference: String,
-    pub rollout: String,
-    pub micro_batch: usize,
-    pub seq_len: usize,
-    pub train: String,
     /// What to change.
     pub hint: String,
 }
@@ -246,7 +245,7 @@ pub struct MemoryError {
 /// on `device` (a name for the message); the hint names the largest
 /// `trainer.micro_batch` that fits, or what else to change.
 pub fn check(est: &MemoryEstimate, total: u64, device: &str) -> Result<(), Box<MemoryError>> {
-    let budget = (total as f64 * USABLE_SHARE) as u64;
+    let budget = budget(total);
     if est.peak() <= budget {
         return Ok(());
     }
@@ -262,18 +261,9 @@ pub fn check(est: &MemoryEstimate, total: u64, device: &str) -> Result<(), Box<M
             .to_string(),
     };
     Err(Box::new(MemoryError {
-        need: gib(est.peak()),
-        have: gib(budget),
+        est: est.clone(),
+        total,
         device: device.to_string(),
-        usable: USABLE_SHARE * 100.0,
-        total: gib(total),
-        weights: gib(est.weights),
-        optimizer: gib(est.optimizer),
-        reference: gib(est.reference),
-        rollout: gib(est.rollout),
-        micro_batch: est.micro_batch,
-        seq_len: est.seq_len,
-        train: gib(est.train),
         hint,
     }))
 }
@@ -325,55 +315,54 @@ pub fn probe_seq_len(
 
 /// What a command checks before it starts (see [`before_start`]).
 pub struct StartCheck<'a> {
+    /// The seed, env kind, `trainer.micro_batch` and `model.device` come
+    /// from here.
+    pub exp: &'a crate::experiment::Experiment,
     pub policy: &'a Policy,
     pub tok: &'a crate::model::Tok,
     pub make: &'a dyn Fn(usize) -> Box<dyn crate::env::Env>,
     /// Tasks whose expert trajectories give the sequence length.
     pub tasks: &'a [crate::env::Task],
     pub opts: &'a crate::rollout::RolloutOptions,
-    pub seed: u64,
-    /// Whether the env is built in (external envs are not probed: the
-    /// probe's episodes would reach the server).
-    pub builtin_env: bool,
-    pub micro_batch: usize,
+    /// Episodes generated together (0: none, as in SFT).
     pub rollout_batch: usize,
+    /// Whether a frozen KL reference is kept.
     pub reference: bool,
     /// Bytes to plan for instead of what the device reports.
     pub limit: Option<u64>,
-    /// The device's name, for messages.
-    pub device: String,
 }
 
 /// Estimates a run's peak and refuses it when it cannot fit; returns the
-/// line to log (the estimate, or why there is none).
+/// line to log (the estimate, or why there is none). External envs are not
+/// probed (the probe's episodes would reach the server).
 pub fn before_start(c: &StartCheck<'_>) -> Result<String, crate::experiment::RunError> {
-    if !c.builtin_env {
+    if !matches!(c.exp.env.kind, crate::env::EnvKindName::Builtin(_)) {
         return Ok(
             "memory estimate skipped: an external env's prompt lengths are not probed".into(),
         );
     }
-    let seq_len = probe_seq_len(c.policy, c.tok, c.make, c.tasks, c.opts, c.seed)?;
+    let seq_len = probe_seq_len(c.policy, c.tok, c.make, c.tasks, c.opts, c.exp.seed)?;
     let est = estimate(
         c.policy,
         &RunShape {
-            micro_batch: c.micro_batch,
+            micro_batch: c.exp.trainer.micro_batch,
             rollout_batch: c.rollout_batch,
             seq_len,
             reference: c.reference,
         },
     );
-    let device = &c.device;
+    let device = c.exp.model.device.to_string();
     let Some(total) = c.limit.or_else(|| available(c.policy.device())) else {
         return Ok(format!(
             "memory estimate: peak about {} (the free memory of {device} is unknown)",
             gib(est.peak())
         ));
     };
-    check(&est, total, device)?;
+    check(&est, total, &device)?;
     Ok(format!(
         "memory estimate: peak about {} of {} usable on {device} (micro-batch {} × {} tokens)",
         gib(est.peak()),
-        gib((total as f64 * USABLE_SHARE) as u64),
+        gib(budget(total)),
         est.micro_batch,
         est.seq_len
     ))

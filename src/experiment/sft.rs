@@ -321,18 +321,15 @@ pub fn run(
     // The same peak-memory check as `run` (no KL reference, no
     // generation: expert trajectories only).
     let check = crate::experiment::memory::before_start(&crate::experiment::memory::StartCheck {
+        exp: &ctx.exp,
         policy: &ctx.policy,
         tok: &ctx.tok,
         make: &make,
         tasks: &ctx.tasks,
         opts: &ctx.ropts,
-        seed: ctx.exp.seed,
-        builtin_env: matches!(ctx.exp.env.kind, crate::env::EnvKindName::Builtin(_)),
-        micro_batch: ctx.exp.trainer.micro_batch,
         rollout_batch: 0,
         reference: false,
         limit: None,
-        device: ctx.exp.model.device.to_string(),
     });
     match check {
         Ok(line) => on_event(SftEvent::Log(line)),

@@ -219,18 +219,15 @@ fn check_memory(
     on_event: &mut dyn FnMut(Event),
 ) -> Result<(), RunError> {
     let line = crate::experiment::memory::before_start(&crate::experiment::memory::StartCheck {
+        exp: &ctx.exp,
         policy: &ctx.policy,
         tok: &ctx.tok,
         make,
         tasks: &ctx.train,
         opts: &ctx.ropts,
-        seed: ctx.exp.seed,
-        builtin_env: matches!(ctx.exp.env.kind, crate::env::EnvKindName::Builtin(_)),
-        micro_batch: ctx.exp.trainer.micro_batch,
         rollout_batch: ctx.exp.rollout.tasks_per_step * ctx.exp.rollout.group_size,
         reference: ctx.exp.trainer.kl_coef > 0.0,
         limit,
-        device: ctx.exp.model.device.to_string(),
     })?;
     on_event(Event::Log(line));
     Ok(())
