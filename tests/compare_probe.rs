@@ -69,7 +69,7 @@ fn a_comparison_runs_each_entry_on_the_same_setup_and_writes_one_report() {
         "deep merge keeps sibling keys"
     );
 
-    let out = experiment::run_comparison(&c, &RunOptions::default(), &mut |_| {}).unwrap();
+    let out = experiment::run_comparison(&c, &RunOptions::default(), 1, &|_, _| {}).unwrap();
     assert_eq!(out.dir, tmp.path().join("cmp"));
     for name in ["zero", "g2"] {
         let d = out.dir.join(name);
@@ -133,6 +133,70 @@ fn a_comparison_runs_each_entry_on_the_same_setup_and_writes_one_report() {
     assert!(report.join("report.html").exists());
 }
 
+/// A metrics or eval line without its timings (which differ run to run).
+fn untimed(mut v: Value) -> Value {
+    let m = v.as_object_mut().unwrap();
+    m.remove("time");
+    m.retain(|k, _| !k.ends_with("tokens_per_s"));
+    v
+}
+
+#[test]
+fn seed_replicas_run_in_parallel_with_the_same_numbers_as_one_at_a_time() {
+    let tmp = tempfile::tempdir().unwrap();
+    let r = root();
+    let src = source(
+        tmp.path(),
+        2,
+        &format!(
+            r#"#{{ name: "zero", seeds: [5, 6] }}, #{{ name: "g2", guidance: #{{ script: "{}/scripts/guidance/gaussian.rhai" }} }}"#,
+            r.display()
+        ),
+    );
+    let ExperimentFile::Compare(c) = ExperimentFile::from_source("cmp.rhai", &src).unwrap() else {
+        panic!("a compare file is a comparison")
+    };
+    let names: Vec<(&str, u64)> = c.runs.iter().map(|e| (e.name.as_str(), e.seed)).collect();
+    assert_eq!(names, [("zero-s5", 5), ("zero-s6", 6), ("g2", 5)]);
+    let seen = std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let one = experiment::run_comparison(&c, &RunOptions::default(), 1, &|_, _| {}).unwrap();
+    let two = experiment::run_comparison(&c, &RunOptions::default(), 2, &|n, _| {
+        seen.lock().unwrap().insert(n.to_string());
+    })
+    .unwrap();
+    assert_eq!(two.dir, tmp.path().join("cmp-2"));
+    assert_eq!(
+        seen.into_inner().unwrap().into_iter().collect::<Vec<_>>(),
+        ["g2", "zero-s5", "zero-s6"],
+        "every event carries its entry"
+    );
+    for name in ["zero-s5", "zero-s6", "g2"] {
+        for file in ["metrics.jsonl", "eval.jsonl"] {
+            let a: Vec<Value> = lines(&one.dir.join(name).join(file))
+                .into_iter()
+                .map(untimed)
+                .collect();
+            let b: Vec<Value> = lines(&two.dir.join(name).join(file))
+                .into_iter()
+                .map(untimed)
+                .collect();
+            assert_eq!(a, b, "{name}/{file}: jobs 2 gives what jobs 1 gave");
+        }
+    }
+    // The seeds differ, so the replicas' rollouts differ.
+    let m = |n: &str| {
+        lines(&one.dir.join(n).join("metrics.jsonl"))
+            .into_iter()
+            .map(untimed)
+            .collect::<Vec<_>>()
+    };
+    assert_ne!(m("zero-s5"), m("zero-s6"));
+    // The report aggregates the replicas.
+    let md = std::fs::read_to_string(one.report.unwrap().join("report.md")).unwrap();
+    assert!(md.contains("| zero | 2 | 5, 6 |"), "{md}");
+    assert!(md.contains("| g2 | 1 | 5 |"), "{md}");
+}
+
 #[test]
 fn comparison_entries_are_checked() {
     let tmp = tempfile::tempdir().unwrap();
@@ -159,6 +223,32 @@ fn comparison_entries_are_checked() {
         e.contains("compare entry \"x\"") && e.contains("group_sise"),
         "{e}"
     );
+    for (entries, want) in [
+        (
+            r#"#{ name: "a", seeds: [] }"#,
+            "`seeds` must be a non-empty array",
+        ),
+        (
+            r#"#{ name: "a", seeds: [1, -2] }"#,
+            "`seeds` must be a non-empty array",
+        ),
+        (
+            r#"#{ name: "a", seeds: [1], seed: 2 }"#,
+            "`seed` or `seeds`",
+        ),
+        (
+            r#"#{ name: "a-s1" }, #{ name: "a", seeds: [1] }"#,
+            "used twice",
+        ),
+    ] {
+        let e = ExperimentFile::from_source("cmp.rhai", &source(tmp.path(), 1, entries))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(want) && e.starts_with("cmp.rhai:"),
+            "{entries}: {e}"
+        );
+    }
     // A single experiment loader refuses a comparison instead of ignoring it.
     let ok = source(tmp.path(), 1, r#"#{ name: "a" }"#);
     assert!(experiment::Experiment::from_source("cmp.rhai", &ok).is_err());

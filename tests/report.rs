@@ -191,7 +191,7 @@ fn report_from_two_runs() {
     let total_a: u64 = (0..STEPS_A).map(|s| 64 + probes_a(s)).sum();
     let probes: u64 = (0..STEPS_A).map(probes_a).sum();
     let a = md_row(&md, "alpha");
-    assert_eq!(a.len(), 16, "{a:?}");
+    assert_eq!(a.len(), 17, "{a:?}");
     assert_eq!(a[1], "scripts/guidance/actguide.rhai");
     assert_eq!(a[2], STEPS_A.to_string());
     assert_eq!(a[3], "0.700 @12"); // final test: 0.1 + 0.05 * 12
@@ -199,24 +199,25 @@ fn report_from_two_runs() {
     assert_eq!(a[5], "0.640"); // in-region at step 12
     assert_eq!(a[6], "0.120"); // out-region at step 12
     assert_eq!(a[7], "0.800 @12"); // train panel
-    assert_eq!(a[8], total_a.to_string());
-    assert_eq!(a[9], probes.to_string());
-    assert_eq!(a[10], format!("{:.1}", total_a as f64 / STEPS_A as f64));
+    assert_eq!(a[8], "0.120"); // train out-region at step 12
+    assert_eq!(a[9], total_a.to_string());
+    assert_eq!(a[10], probes.to_string());
+    assert_eq!(a[11], format!("{:.1}", total_a as f64 / STEPS_A as f64));
     // Wall time: 12 steps × 2 s + 8 evaluations × 0.5 s.
-    assert_eq!(a[11], "28.0");
-    assert_eq!(a[12], "30550"); // mean of 30000 + 100 s, s = 0..11
-    assert_eq!(a[14], "3"); // three script versions
-    assert_eq!(a[15], "1 / 2");
+    assert_eq!(a[12], "28.0");
+    assert_eq!(a[13], "30550"); // mean of 30000 + 100 s, s = 0..11
+    assert_eq!(a[15], "3"); // three script versions
+    assert_eq!(a[16], "1 / 2");
     let b = md_row(&md, "beta");
     assert_eq!(b[3], "0.375 @8");
     assert_eq!(b[4], "0.375 @8");
     assert_eq!(
-        (b[5].as_str(), b[6].as_str(), b[7].as_str()),
-        ("–", "–", "–")
+        (b[5].as_str(), b[6].as_str(), b[7].as_str(), b[8].as_str()),
+        ("–", "–", "–", "–")
     );
-    assert_eq!(b[8], "256");
-    assert_eq!(b[11], "14.0");
-    assert_eq!(b[15], "0 / 0");
+    assert_eq!(b[9], "256");
+    assert_eq!(b[12], "14.0");
+    assert_eq!(b[16], "0 / 0");
     for f in svgs {
         assert!(
             md.contains(&format!("]({f})")),

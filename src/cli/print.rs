@@ -54,6 +54,16 @@ impl EventPrinter {
     }
 
     pub fn print(&self, ev: Event) {
+        self.print_as(None, ev)
+    }
+
+    /// Print an event; a `tag` (a comparison entry running beside others)
+    /// prefixes each line.
+    pub fn print_as(&self, tag: Option<&str>, ev: Event) {
+        let say = |s: String| match tag {
+            Some(t) => self.say(format!("[{t}] {s}")),
+            None => self.say(s),
+        };
         match ev {
             Event::Started {
                 run_dir,
@@ -68,7 +78,7 @@ impl EventPrinter {
                     b.set_length(steps as u64);
                     b.set_position(start_step as u64);
                 }
-                self.say(format!(
+                say(format!(
                     "run {} | steps {start_step}..{steps} | {params} parameters{} | {train_tasks} train / {test_tasks} test tasks",
                     run_dir.display(),
                     if trainable == params {
@@ -85,14 +95,19 @@ impl EventPrinter {
                         b.set_position(step as u64 + 1);
                         b.set_message(f.bar_message());
                     }
-                    None => eprintln!("step {:>4}/{} | {}", step + 1, self.steps, f.line()),
+                    None => say(format!(
+                        "step {:>4}/{} | {}",
+                        step + 1,
+                        self.steps,
+                        f.line()
+                    )),
                 }
             }
-            Event::Eval { step, result } => self.say(eval_line(step, &result)),
-            Event::ScriptError(e) => self.say(format!("script error (kept going): {e}")),
-            Event::ScriptLog(l) => self.say(format!("script: {l}")),
-            Event::Log(l) => self.say(format!("run: {l}")),
-            Event::Reload { step, role, result } => self.say(match result {
+            Event::Eval { step, result } => say(eval_line(step, &result)),
+            Event::ScriptError(e) => say(format!("script error (kept going): {e}")),
+            Event::ScriptLog(l) => say(format!("script: {l}")),
+            Event::Log(l) => say(format!("run: {l}")),
+            Event::Reload { step, role, result } => say(match result {
                 // Printed steps count from 1, JSONL files from 0: the
                 // line names the reloads.jsonl entry too.
                 Ok(h) => format!(
@@ -108,7 +123,7 @@ impl EventPrinter {
             }),
             Event::Checkpoint(p) => {
                 if self.bar.is_none() {
-                    eprintln!("checkpoint {}", p.display());
+                    say(format!("checkpoint {}", p.display()));
                 }
             }
         }

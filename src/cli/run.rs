@@ -30,6 +30,11 @@ pub struct RunArgs {
     /// it is refused before it starts.
     #[arg(long)]
     memory_gb: Option<f64>,
+    /// Comparisons: run this many entries at once, the cores shared
+    /// equally between them (same numbers as one at a time; lines are
+    /// tagged with their entry).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+    jobs: u16,
 }
 
 pub fn run(args: RunArgs) -> Result<()> {
@@ -39,6 +44,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         stop_after,
         plain,
         memory_gb,
+        jobs,
     } = args;
     let opts = RunOptions {
         resume: resume.clone(),
@@ -49,7 +55,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     let exp = match (&experiment, &resume) {
         (Some(p), None) => match ExperimentFile::load(p)? {
             ExperimentFile::Single(e) => *e,
-            ExperimentFile::Compare(c) => return compare(&c, &opts, plain),
+            ExperimentFile::Compare(c) => return compare(&c, &opts, jobs.into(), plain),
         },
         (None, Some(d)) => resolved_config(d)?,
         (Some(_), Some(_)) => bail!("give either an experiment file or --resume RUN_DIR, not both"),
@@ -91,11 +97,25 @@ pub(super) fn resolved_config(run_dir: &std::path::Path) -> Result<Experiment> {
 }
 
 /// Run a comparison, then print one line per run and where the report is.
-fn compare(c: &Comparison, opts: &RunOptions, plain: bool) -> Result<()> {
+fn compare(c: &Comparison, opts: &RunOptions, jobs: usize, plain: bool) -> Result<()> {
     let steps = c.runs.first().map_or(0, |e| e.steps);
-    let printer = EventPrinter::new(steps, plain);
-    let out = experiment::run_comparison(c, opts, &mut |ev| printer.print(ev))?;
-    printer.finish();
+    let started = std::time::Instant::now();
+    let out = if jobs > 1 {
+        // One bar cannot follow several runs: plain lines, tagged.
+        let printer = EventPrinter::new(steps, true);
+        experiment::run_comparison(c, opts, jobs, &|name, ev| printer.print_as(Some(name), ev))?
+    } else {
+        let printer = EventPrinter::new(steps, plain);
+        let out = experiment::run_comparison(c, opts, 1, &|_, ev| printer.print(ev))?;
+        printer.finish();
+        out
+    };
+    eprintln!(
+        "comparison: {} runs in {:.0} s ({} at a time)",
+        out.runs.len(),
+        started.elapsed().as_secs_f64(),
+        jobs
+    );
     print_comparison(&out);
     Ok(())
 }

@@ -1,8 +1,11 @@
 //! Comparisons: several runs that share panel, seed and step budget (an
 //! experiment file with `compare: [...]`), run one after another into one
-//! directory, then one report over all of them.
+//! directory (one after another, or `jobs` at a time), then one report
+//! over all of them.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Mutex;
 
 use serde_json::json;
 
@@ -23,14 +26,19 @@ pub struct ComparisonSummary {
     pub report: Option<PathBuf>,
 }
 
-/// Run every entry of `cmp` in order, each into `<dir>/<entry name>`, then
-/// write the comparison report to `<dir>/report`. `opts.stop_after` (steps
-/// per run) is for smoke tests; `opts.resume` is not used; an interrupt
-/// stops the entry in progress (with a checkpoint) and skips the rest.
+/// Run every entry of `cmp`, each into `<dir>/<entry name>`, then write
+/// the comparison report to `<dir>/report`. `jobs` entries run at once
+/// (each on its own thread pool with an equal share of the cores; a run's
+/// numbers do not depend on its thread count); `on_event` gets each event
+/// with its entry's name. `opts.stop_after` (steps per run) is for smoke
+/// tests; `opts.resume` is not used; an interrupt stops the entries in
+/// progress (with a checkpoint) and starts no more. The first failed entry
+/// (in list order) is the error, once the running ones have ended.
 pub fn run_comparison(
     cmp: &Comparison,
     opts: &RunOptions,
-    on_event: &mut dyn FnMut(Event),
+    jobs: usize,
+    on_event: &(dyn Fn(&str, Event) + Sync),
 ) -> Result<ComparisonSummary, RunError> {
     let dir = fresh_dir(&Path::new(&cmp.runs_dir).join(&cmp.name), COMPARISON_FILE);
     std::fs::create_dir_all(&dir).map_err(RunError::io(&dir))?;
@@ -42,24 +50,16 @@ pub fn run_comparison(
             .unwrap_or_default()
             .as_bytes(),
     )?;
+    let opts = RunOptions {
+        resume: None,
+        ..opts.clone()
+    };
+    let results = run_entries(cmp, &dir, &opts, jobs, on_event);
     let mut runs = Vec::new();
-    let mut dirs = Vec::new();
-    for exp in &cmp.runs {
-        let mut exp = exp.clone();
-        exp.runs_dir = dir.display().to_string();
-        runs.push(run(
-            exp,
-            &RunOptions {
-                resume: None,
-                ..opts.clone()
-            },
-            on_event,
-        )?);
-        dirs.extend(runs.last().map(|r| r.run_dir.clone()));
-        if opts.interrupted() {
-            break;
-        }
+    for r in results.into_iter().flatten() {
+        runs.push(r?);
     }
+    let dirs: Vec<PathBuf> = runs.iter().map(|r| r.run_dir.clone()).collect();
     let out = dir.join("report");
     crate::report::write_report(&dirs, &out).map_err(|source| RunError::Report {
         out: out.clone(),
@@ -70,4 +70,78 @@ pub fn run_comparison(
         runs,
         report: Some(out),
     })
+}
+
+/// Run the entries, `jobs` at a time; entry i's result lands in slot i
+/// (`None`: not started, after an interrupt or a failure).
+fn run_entries(
+    cmp: &Comparison,
+    dir: &Path,
+    opts: &RunOptions,
+    jobs: usize,
+    on_event: &(dyn Fn(&str, Event) + Sync),
+) -> Vec<Option<Result<RunSummary, RunError>>> {
+    let n = cmp.runs.len();
+    let jobs = jobs.clamp(1, n.max(1));
+    let one = |i: usize| {
+        let mut exp = cmp.runs[i].clone();
+        exp.runs_dir = dir.display().to_string();
+        let name = exp.name.clone();
+        run(exp, opts, &mut |ev| on_event(&name, ev))
+    };
+    if jobs == 1 {
+        let mut out = Vec::new();
+        for i in 0..n {
+            if i > 0 && opts.interrupted() {
+                break;
+            }
+            let r = one(i);
+            let failed = r.is_err();
+            out.push(Some(r));
+            if failed {
+                break;
+            }
+        }
+        out.resize_with(n, || None);
+        return out;
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    let per_job = (cores / jobs).max(1);
+    let next = AtomicUsize::new(0);
+    let failed = AtomicBool::new(false);
+    let slots: Vec<Mutex<Option<Result<RunSummary, RunError>>>> =
+        (0..n).map(|_| Mutex::new(None)).collect();
+    std::thread::scope(|s| {
+        for _ in 0..jobs {
+            s.spawn(|| {
+                // Without its own pool every entry would queue on the global
+                // one; a pool that cannot be built leaves the global one.
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(per_job)
+                    .build()
+                    .ok();
+                loop {
+                    if failed.load(Ordering::SeqCst) || opts.interrupted() {
+                        break;
+                    }
+                    let i = next.fetch_add(1, Ordering::SeqCst);
+                    if i >= n {
+                        break;
+                    }
+                    let r = match &pool {
+                        Some(p) => p.install(|| one(i)),
+                        None => one(i),
+                    };
+                    if r.is_err() {
+                        failed.store(true, Ordering::SeqCst);
+                    }
+                    *slots[i].lock().expect("comparison slot") = Some(r);
+                }
+            });
+        }
+    });
+    slots
+        .into_iter()
+        .map(|m| m.into_inner().expect("comparison slot"))
+        .collect()
 }

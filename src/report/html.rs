@@ -10,6 +10,7 @@
 
 use std::fmt::Write as _;
 
+use super::groups::{group_cells, GroupRow, GROUP_HEADERS, GROUP_NOTE};
 use super::plot::Figure;
 use super::{table_cells, SummaryRow, TABLE_HEADERS, TABLE_NOTE};
 
@@ -71,7 +72,12 @@ code{font-size:.95em;background:#f3f3f3;padding:0 3px;border-radius:3px}\
 nav a{margin-right:14px}";
 
 /// The whole page.
-pub fn render(title: &str, rows: &[SummaryRow], figures: &[Figure]) -> String {
+pub fn render(
+    title: &str,
+    rows: &[SummaryRow],
+    groups: Option<&[GroupRow]>,
+    figures: &[Figure],
+) -> String {
     let mut h = String::new();
     h.push_str("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n");
     // Nothing may be fetched; inline styles (the <style> element and the
@@ -90,6 +96,23 @@ pub fn render(title: &str, rows: &[SummaryRow], figures: &[Figure]) -> String {
     let _ = writeln!(h, "<style>{CSS}</style>\n</head>\n<body>");
     let _ = writeln!(h, "<h1>{}</h1>", escape(title));
 
+    if let Some(groups) = groups {
+        h.push_str("<h2 id=\"seeds\">Over seeds</h2>\n");
+        let _ = writeln!(h, "<p class=\"note\">{}</p>", inline_code(GROUP_NOTE));
+        h.push_str("<div class=\"tablewrap\">\n<table class=\"summary\">\n<thead><tr>");
+        for head in GROUP_HEADERS {
+            let _ = write!(h, "<th>{}</th>", escape(head));
+        }
+        h.push_str("</tr></thead>\n<tbody>\n");
+        for g in groups {
+            h.push_str("<tr>");
+            for cell in group_cells(g) {
+                let _ = write!(h, "<td>{}</td>", escape(&cell));
+            }
+            h.push_str("</tr>\n");
+        }
+        h.push_str("</tbody>\n</table>\n</div>\n");
+    }
     h.push_str("<h2 id=\"summary\">Summary</h2>\n");
     let _ = writeln!(h, "<p class=\"note\">{}</p>", inline_code(TABLE_NOTE));
     h.push_str("<div class=\"tablewrap\">\n<table class=\"summary\">\n<thead><tr>");
@@ -156,7 +179,7 @@ mod tests {
             name: "r&d".into(),
             ..Default::default()
         }];
-        let page = render("T", &rows, &[fig]);
+        let page = render("T", &rows, None, &[fig]);
         assert!(page.contains("<td>r&amp;d</td>"));
         assert!(page.contains("<code>x&lt;y</code>"));
         assert!(page.contains("<figure id=\"fig-a\">\n<svg width=\"1\"></svg>\n<figcaption>"));

@@ -19,6 +19,7 @@
 //! deterministic (no dates, sorted maps), so the same run directories give
 //! byte-identical files.
 
+pub mod groups;
 pub mod html;
 pub mod plot;
 pub mod probe_plot;
@@ -28,7 +29,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
 use serde_json::Value;
 
 use crate::rundir::{EvalLine, Record, ReloadLine, RunDir, RunDirError, StepLine};
@@ -121,6 +121,10 @@ pub struct Run {
     pub dir: PathBuf,
     /// `experiment.json`'s `guidance.script`.
     pub guidance_script: Option<String>,
+    /// `experiment.json`'s `seed`.
+    pub seed: Option<u64>,
+    /// The whole `experiment.json` (seed replicas are grouped by it).
+    pub config: Option<Value>,
     /// Sorted by step, one row per step.
     pub steps: Vec<StepRow>,
     /// Sorted by (step, panel), one row per pair.
@@ -140,18 +144,6 @@ impl Run {
 
 // ---------------------------------------------------------------------------
 // Reading
-
-/// The part of `experiment.json` the report shows.
-#[derive(Deserialize)]
-struct ExperimentHead {
-    #[serde(default)]
-    guidance: GuidanceHead,
-}
-
-#[derive(Deserialize, Default)]
-struct GuidanceHead {
-    script: Option<Value>,
-}
 
 fn step_row(line: &StepLine, fallback_step: u64) -> StepRow {
     let t = &line.time;
@@ -201,11 +193,11 @@ fn reload_row(line: &ReloadLine) -> Option<Reload> {
     })
 }
 
-/// `experiment.json`'s `guidance.script`; an unreadable file costs one
-/// table cell (and a warning), not the report.
-fn guidance_script(dir: &RunDir, warnings: &mut Vec<String>) -> Option<String> {
-    match dir.read_experiment::<ExperimentHead>() {
-        Ok(head) => head.guidance.script?.as_str().map(str::to_string),
+/// `experiment.json`; an unreadable file costs the cells that need it
+/// (and a warning), not the report.
+fn experiment_json(dir: &RunDir, warnings: &mut Vec<String>) -> Option<Value> {
+    match dir.read_experiment::<Value>() {
+        Ok(v) => Some(v),
         Err(RunDirError::Json { path, source }) => {
             warnings.push(format!("{}: unreadable ({source})", path.display()));
             None
@@ -231,7 +223,12 @@ pub fn read_run(dir: &Path) -> Result<Run, ReportError> {
         .or_else(|| dir.file_name())
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|| dir.display().to_string());
-    let guidance_script = guidance_script(&rd, &mut warnings);
+    let config = experiment_json(&rd, &mut warnings);
+    let guidance_script = config
+        .as_ref()
+        .and_then(|c| c["guidance"]["script"].as_str())
+        .map(str::to_string);
+    let seed = config.as_ref().and_then(|c| c["seed"].as_u64());
 
     // A later line for the same step supersedes an earlier one: a run that
     // died between writing a step and its checkpoint logs that step again.
@@ -271,6 +268,8 @@ pub fn read_run(dir: &Path) -> Result<Run, ReportError> {
         name,
         dir: dir.to_path_buf(),
         guidance_script,
+        seed,
+        config,
         steps: by_step.into_values().collect(),
         evals: by_eval.into_values().collect(),
         reloads,
@@ -429,6 +428,7 @@ pub struct SummaryRow {
     pub final_test_out_region: Option<f64>,
     /// (step, success) of the last train-panel evaluation.
     pub final_train_panel: Option<(u64, f64)>,
+    pub final_train_out_region: Option<f64>,
     pub total_rollouts: Option<f64>,
     pub probe_rollouts: Option<f64>,
     pub rollouts_per_step: Option<f64>,
@@ -470,6 +470,10 @@ pub fn summarize(run: &Run) -> SummaryRow {
         .evals_of("train")
         .filter_map(|e| Some((e.step, e.success?)))
         .last();
+    let final_train_out_region = run
+        .evals_of("train")
+        .last()
+        .and_then(|e| e.success_out_region);
     let total_rollouts = sum_opt(run.steps.iter().map(|r| r.rollouts));
     let with_rollouts = run.steps.iter().filter(|r| r.rollouts.is_some()).count();
     let step_s = sum_opt(run.steps.iter().map(|r| r.step_s));
@@ -485,6 +489,7 @@ pub fn summarize(run: &Run) -> SummaryRow {
         final_test_in_region: last_any_test.and_then(|e| e.success_in_region),
         final_test_out_region: last_any_test.and_then(|e| e.success_out_region),
         final_train_panel,
+        final_train_out_region,
         total_rollouts,
         probe_rollouts: sum_opt(run.steps.iter().map(|r| r.probe_rollouts)),
         rollouts_per_step: total_rollouts
@@ -506,7 +511,7 @@ pub fn summarize(run: &Run) -> SummaryRow {
 // The summary table
 
 /// Column headers of the summary table (markdown and HTML).
-pub const TABLE_HEADERS: [&str; 16] = [
+pub const TABLE_HEADERS: [&str; 17] = [
     "run",
     "guidance script",
     "steps",
@@ -515,6 +520,7 @@ pub const TABLE_HEADERS: [&str; 16] = [
     "final test in-region",
     "final test out-region",
     "final train panel",
+    "final train out-region",
     "rollouts",
     "probe rollouts",
     "rollouts / step",
@@ -551,7 +557,7 @@ fn fmt_fixed(x: Option<f64>, decimals: usize) -> String {
 }
 
 /// The cells of a summary row, as text (escaped by the caller).
-pub fn table_cells(s: &SummaryRow) -> [String; 16] {
+pub fn table_cells(s: &SummaryRow) -> [String; 17] {
     [
         s.name.clone(),
         s.guidance_script.clone().unwrap_or_else(|| NA.into()),
@@ -561,6 +567,7 @@ pub fn table_cells(s: &SummaryRow) -> [String; 16] {
         fmt_rate(s.final_test_in_region),
         fmt_rate(s.final_test_out_region),
         fmt_at(s.final_train_panel),
+        fmt_rate(s.final_train_out_region),
         fmt_count(s.total_rollouts),
         fmt_count(s.probe_rollouts),
         fmt_fixed(s.rollouts_per_step, 1),
@@ -579,19 +586,26 @@ fn md_cell(s: &str) -> String {
 
 /// The summary table in markdown, one row per run.
 pub fn markdown_table(rows: &[SummaryRow]) -> String {
+    markdown_rows(
+        &TABLE_HEADERS,
+        2,
+        rows.iter().map(|r| table_cells(r).to_vec()),
+    )
+}
+
+/// A markdown table; the first `left` columns are left-aligned.
+fn markdown_rows(headers: &[&str], left: usize, rows: impl Iterator<Item = Vec<String>>) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "| {} |", TABLE_HEADERS.join(" | "));
+    let _ = writeln!(out, "| {} |", headers.join(" | "));
     let _ = writeln!(
         out,
         "|{}",
-        TABLE_HEADERS
-            .iter()
-            .enumerate()
-            .map(|(i, _)| if i < 2 { "---|" } else { "---:|" })
+        (0..headers.len())
+            .map(|i| if i < left { "---|" } else { "---:|" })
             .collect::<String>()
     );
-    for s in rows {
-        let cells: Vec<String> = table_cells(s).iter().map(|c| md_cell(c)).collect();
+    for cells in rows {
+        let cells: Vec<String> = cells.iter().map(|c| md_cell(c)).collect();
         let _ = writeln!(out, "| {} |", cells.join(" | "));
     }
     out
@@ -621,9 +635,12 @@ pub(crate) const TABLE_NOTE: &str = "Success values are rates in [0, 1]; `x @s` 
     Rollouts count every generated rollout, probes included. Wall time sums `time.step_s` \
     and `time.eval_s`; tokens/s are means of the per-step rates.";
 
-fn render_markdown(title: &str, table: &str, figures: &[plot::Figure]) -> String {
+fn render_markdown(title: &str, table: &str, grouped: bool, figures: &[plot::Figure]) -> String {
     let mut md = String::new();
     let _ = writeln!(md, "# {title}\n");
+    if grouped {
+        let _ = writeln!(md, "{}\n", groups::GROUP_NOTE);
+    }
     let _ = writeln!(md, "{TABLE_NOTE}\n");
     md.push_str(table);
     md.push_str("\n## Figures\n\n");
@@ -643,8 +660,18 @@ pub fn write_report(runs: &[PathBuf], out: &Path) -> Result<ReportSummary, Repor
     }
     let loaded: Vec<Run> = runs.iter().map(|d| read_run(d)).collect::<Result<_, _>>()?;
     let rows: Vec<SummaryRow> = loaded.iter().map(summarize).collect();
+    let groups = groups::seed_groups(&loaded);
     let figures = plot::figures(&loaded)?;
-    let table = markdown_table(&rows);
+    let mut table = String::new();
+    if let Some(g) = &groups {
+        table.push_str(&markdown_rows(
+            &groups::GROUP_HEADERS,
+            1,
+            g.iter().map(|r| groups::group_cells(r).to_vec()),
+        ));
+        table.push('\n');
+    }
+    table.push_str(&markdown_table(&rows));
     let names: Vec<&str> = loaded.iter().map(|r| r.name.as_str()).collect();
     let title = format!("actguide report: {}", names.join(", "));
 
@@ -656,12 +683,18 @@ pub fn write_report(runs: &[PathBuf], out: &Path) -> Result<ReportSummary, Repor
         files.push(p);
     }
     let markdown = out.join("report.md");
-    std::fs::write(&markdown, render_markdown(&title, &table, &figures))
-        .map_err(io_err(&markdown))?;
+    std::fs::write(
+        &markdown,
+        render_markdown(&title, &table, groups.is_some(), &figures),
+    )
+    .map_err(io_err(&markdown))?;
     files.push(markdown.clone());
     let html_path = out.join("report.html");
-    std::fs::write(&html_path, html::render(&title, &rows, &figures))
-        .map_err(io_err(&html_path))?;
+    std::fs::write(
+        &html_path,
+        html::render(&title, &rows, groups.as_deref(), &figures),
+    )
+    .map_err(io_err(&html_path))?;
     files.push(html_path.clone());
 
     Ok(ReportSummary {

@@ -104,6 +104,45 @@ fn deep_merge(base: &mut serde_json::Value, over: &serde_json::Value) {
     }
 }
 
+/// Expand `seeds: [7, 11, 13]` in a compare entry into one entry per
+/// seed, named `<name>-s<seed>`: seed replicas of one configuration, which
+/// the report aggregates (mean and range). Errors carry the entry's index.
+fn expand_seeds(entries: &[serde_json::Value]) -> Result<Vec<serde_json::Value>, (usize, String)> {
+    let mut out = Vec::new();
+    for (i, entry) in entries.iter().enumerate() {
+        let Some(seeds) = entry.get("seeds") else {
+            out.push(entry.clone());
+            continue;
+        };
+        let bad = || {
+            (
+                i,
+                "`seeds` must be a non-empty array of integers ≥ 0".to_string(),
+            )
+        };
+        let seeds: Vec<u64> = seeds
+            .as_array()
+            .filter(|a| !a.is_empty())
+            .ok_or_else(bad)?
+            .iter()
+            .map(|s| s.as_u64().ok_or_else(bad))
+            .collect::<Result<_, _>>()?;
+        if entry.get("seed").is_some() {
+            return Err((i, "give `seed` or `seeds`, not both".into()));
+        }
+        let name = entry.get("name").and_then(|n| n.as_str()).unwrap_or("");
+        for s in seeds {
+            let mut e = entry.clone();
+            let m = e.as_object_mut().ok_or_else(bad)?;
+            m.remove("seeds");
+            m.insert("seed".into(), serde_json::json!(s));
+            m.insert("name".into(), serde_json::json!(format!("{name}-s{s}")));
+            out.push(e);
+        }
+    }
+    Ok(out)
+}
+
 impl ExperimentFile {
     /// Evaluate an experiment file: one experiment, or a comparison.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
@@ -135,6 +174,8 @@ impl ExperimentFile {
         let runs_dir = json["runs_dir"].as_str().unwrap_or("runs").to_string();
         let mut runs = Vec::new();
         let mut seen = std::collections::BTreeSet::new();
+        let entries =
+            expand_seeds(entries).map_err(|(i, msg)| at(format!("`compare[{i}]`: {msg}")))?;
         for (i, entry) in entries.iter().enumerate() {
             let rname = entry
                 .get("name")
