@@ -22,6 +22,7 @@
 //! - [`rollout`]: prompts (plain and chat), action projection, the episode
 //!   runner;
 //! - [`train`]: advantages, PPO/GRPO losses, AdamW, lr schedules;
+//! - [`distributed`]: collective operations for data-parallel training;
 //! - [`rundir`]: the run directory's layout and files (metrics and eval
 //!   logs as typed records, checkpoints, TensorBoard events, script copies);
 //! - [`experiment`]: experiment files, the run loop and its phases,
@@ -34,6 +35,7 @@
 pub mod bench;
 pub mod bench_model;
 pub mod device_check;
+pub mod distributed;
 pub mod env;
 pub mod experiment;
 pub mod guidance;

@@ -42,4 +42,6 @@ pub enum TrainError {
     Model(#[from] ModelError),
     #[error(transparent)]
     Candle(#[from] candle_core::Error),
+    #[error(transparent)]
+    Collective(#[from] crate::distributed::CollectiveError),
 }

@@ -91,6 +91,32 @@ impl Sums {
         Ok(())
     }
 
+    /// Add the other ranks' sums (data-parallel training).
+    pub(super) fn reduce(
+        &mut self,
+        coll: &dyn crate::distributed::Collective,
+    ) -> Result<(), crate::distributed::CollectiveError> {
+        let v = coll.all_reduce_f64(&[
+            self.pg,
+            self.aux_nll,
+            self.kl,
+            self.entropy,
+            self.clipped as f64,
+            self.policy_tokens as f64,
+            self.aux_tokens as f64,
+            self.train_tokens as f64,
+        ])?;
+        self.pg = v[0];
+        self.aux_nll = v[1];
+        self.kl = v[2];
+        self.entropy = v[3];
+        self.clipped = v[4] as usize;
+        self.policy_tokens = v[5] as usize;
+        self.aux_tokens = v[6] as usize;
+        self.train_tokens = v[7] as usize;
+        Ok(())
+    }
+
     /// The step's metrics after `updates` optimiser updates over
     /// `ppo_epochs` passes; `stats.grad_norm` holds the summed norms.
     pub(super) fn finish(

@@ -3,6 +3,7 @@
 //! grad-norm clipping, AdamW and the learning-rate schedule.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor};
@@ -10,6 +11,7 @@ use rand::seq::SliceRandom;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
+use crate::distributed::{shard, Collective, Single};
 use crate::model::{Policy, ScoreBatch, ScoreOutput};
 
 use super::loss::{luffy_token_loss, ppo_token_loss};
@@ -27,6 +29,8 @@ pub struct Trainer {
     reference: Option<Policy>,
     total_steps: usize,
     temperature: f64,
+    /// The ranks training together ([`Single`]: this process alone).
+    coll: Arc<dyn Collective>,
 }
 
 impl Trainer {
@@ -58,7 +62,17 @@ impl Trainer {
             reference,
             total_steps,
             temperature,
+            coll: Arc::new(Single),
         })
+    }
+
+    /// Train data-parallel with the ranks of `coll`: every rank passes the
+    /// same samples to [`Trainer::step`], scores its share of the
+    /// micro-batches, and the gradients and metric sums are added over
+    /// ranks before clipping, so every rank takes the same AdamW step.
+    pub fn with_collective(mut self, coll: Arc<dyn Collective>) -> Self {
+        self.coll = coll;
+        self
     }
 
     /// The trainer's settings.
@@ -123,6 +137,7 @@ impl Trainer {
             for mb in order.chunks(per) {
                 let mb: Vec<&Sample> = mb.iter().map(|&i| &samples[i]).collect();
                 let grads = self.accumulate(policy, &mb, &mut sums)?;
+                let grads = self.reduce(grads)?;
                 let norm = global_norm(&grads)?;
                 stats.grad_norm += norm;
                 let grads = self.clip(grads, norm)?;
@@ -130,12 +145,42 @@ impl Trainer {
                 updates += 1;
             }
         }
+        if self.coll.world() > 1 {
+            sums.reduce(self.coll.as_ref())?;
+        }
         let mut stats = sums.finish(stats, updates, self.cfg.ppo_epochs);
         stats.seconds = t0.elapsed().as_secs_f64();
         if dropout {
             policy.set_dropout_seed(None);
         }
         Ok(stats)
+    }
+
+    /// Sum the gradients over ranks (identity alone). A variable keeps no
+    /// gradient only when no rank has one, as in one process.
+    fn reduce(&self, grads: Vec<Option<Tensor>>) -> Result<Vec<Option<Tensor>>, TrainError> {
+        if self.coll.world() == 1 {
+            return Ok(grads);
+        }
+        let present: Vec<f64> = grads
+            .iter()
+            .map(|g| f64::from(u8::from(g.is_some())))
+            .collect();
+        let present = self.coll.all_reduce_f64(&present)?;
+        let dense: Vec<Tensor> = grads
+            .iter()
+            .zip(self.opt.vars())
+            .map(|(g, (_, v))| match g {
+                Some(g) => Ok(g.clone()),
+                None => v.as_tensor().zeros_like(),
+            })
+            .collect::<Result<_, candle_core::Error>>()?;
+        let sums = self.coll.all_reduce_sum(&dense)?;
+        Ok(sums
+            .into_iter()
+            .zip(present)
+            .map(|(s, p)| (p > 0.0).then_some(s))
+            .collect())
     }
 
     /// Scale `grads` (of global norm `norm`) down to the clip norm.
@@ -173,7 +218,11 @@ impl Trainer {
         let vars = self.opt.vars();
         let mut acc: Vec<Option<Tensor>> = vec![None; vars.len()];
         let dev = policy.device().clone();
-        for chunk in idx.chunks(c.micro_batch) {
+        let chunks: Vec<&[usize]> = idx.chunks(c.micro_batch).collect();
+        // Data-parallel: this rank's share of the micro-batches (all of
+        // them alone); the token weights above are the whole minibatch's.
+        for k in shard(chunks.len(), self.coll.rank(), self.coll.world()) {
+            let chunk = chunks[k];
             let batch = ScoreBatch {
                 seqs: chunk.iter().map(|&i| mb[i].seq.clone()).collect(),
                 targets: chunk.iter().map(|&i| mb[i].targets.clone()).collect(),

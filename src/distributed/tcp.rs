@@ -1,0 +1,313 @@
+//! Ranks joined over TCP through rank 0 (a star): each worker holds one
+//! connection to rank 0, which relays. Length-prefixed frames; every read
+//! and write has a deadline, so a rank that died fails the operation with
+//! its rank named instead of hanging the others.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use super::{Collective, CollectiveError};
+
+/// First bytes of a worker's greeting.
+const MAGIC: &[u8; 4] = b"AGDP";
+
+/// A group of ranks over TCP (see the module docs).
+pub struct TcpGroup {
+    rank: usize,
+    world: usize,
+    /// Rank 0: the link to rank r at index r − 1. Others: the link to 0.
+    links: Mutex<Vec<TcpStream>>,
+}
+
+impl std::fmt::Debug for TcpGroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TcpGroup")
+            .field("rank", &self.rank)
+            .field("world", &self.world)
+            .finish()
+    }
+}
+
+impl TcpGroup {
+    /// Rank 0: accept the `world − 1` workers on `listener` (each says its
+    /// rank) within `timeout`; every later operation waits at most
+    /// `timeout` for a peer.
+    pub fn host(
+        listener: TcpListener,
+        world: usize,
+        timeout: Duration,
+    ) -> Result<Self, CollectiveError> {
+        let io = |what: &str| {
+            let what = what.to_string();
+            move |source| CollectiveError::Io {
+                rank: 0,
+                world,
+                what,
+                source,
+            }
+        };
+        let deadline = Instant::now() + timeout;
+        listener
+            .set_nonblocking(true)
+            .map_err(io("cannot poll the rendezvous socket"))?;
+        let mut links: Vec<Option<TcpStream>> = (1..world).map(|_| None).collect();
+        while links.iter().any(Option::is_none) {
+            match listener.accept() {
+                Ok((s, peer)) => {
+                    s.set_nonblocking(false)
+                        .map_err(io("cannot configure a worker's link"))?;
+                    configure(&s, timeout).map_err(io("cannot configure a worker's link"))?;
+                    let (r, w) = greeting(&s).map_err(|e| CollectiveError::Protocol {
+                        rank: 0,
+                        world,
+                        msg: format!("bad greeting from {peer}: {e}"),
+                    })?;
+                    if w != world || r == 0 || r >= world || links[r - 1].is_some() {
+                        return Err(CollectiveError::Protocol {
+                            rank: 0,
+                            world,
+                            msg: format!(
+                                "{peer} joined as rank {r} of {w}: expected a free rank in 1..{world} of {world}"
+                            ),
+                        });
+                    }
+                    links[r - 1] = Some(s);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    if Instant::now() > deadline {
+                        let missing: Vec<usize> =
+                            (1..world).filter(|r| links[r - 1].is_none()).collect();
+                        return Err(CollectiveError::Protocol {
+                            rank: 0,
+                            world,
+                            msg: format!(
+                                "ranks {missing:?} did not join within {} s",
+                                timeout.as_secs()
+                            ),
+                        });
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => return Err(io("rendezvous accept failed")(e)),
+            }
+        }
+        Ok(TcpGroup {
+            rank: 0,
+            world,
+            links: Mutex::new(links.into_iter().flatten().collect()),
+        })
+    }
+
+    /// Rank `rank` (≥ 1): connect to rank 0 at `addr`, retrying until
+    /// `timeout` (rank 0 may not listen yet).
+    pub fn connect(
+        addr: &str,
+        rank: usize,
+        world: usize,
+        timeout: Duration,
+    ) -> Result<Self, CollectiveError> {
+        let io = |what: String| {
+            move |source| CollectiveError::Io {
+                rank,
+                world,
+                what,
+                source,
+            }
+        };
+        if rank == 0 || rank >= world {
+            return Err(CollectiveError::Protocol {
+                rank,
+                world,
+                msg: format!("a worker's rank must be in 1..{world}"),
+            });
+        }
+        let deadline = Instant::now() + timeout;
+        let s = loop {
+            let tried = addr
+                .to_socket_addrs()
+                .and_then(|mut a| {
+                    a.next().ok_or_else(|| {
+                        std::io::Error::new(std::io::ErrorKind::InvalidInput, "no address")
+                    })
+                })
+                .and_then(|a| TcpStream::connect_timeout(&a, Duration::from_secs(2)));
+            match tried {
+                Ok(s) => break s,
+                Err(e) if Instant::now() > deadline => {
+                    return Err(io(format!("cannot reach rank 0 at {addr}"))(e))
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        };
+        configure(&s, timeout).map_err(io("cannot configure the link".into()))?;
+        let mut hello = MAGIC.to_vec();
+        hello.extend((rank as u32).to_le_bytes());
+        hello.extend((world as u32).to_le_bytes());
+        (&s).write_all(&hello)
+            .map_err(io("cannot greet rank 0".into()))?;
+        Ok(TcpGroup {
+            rank,
+            world,
+            links: Mutex::new(vec![s]),
+        })
+    }
+
+    fn io_err(&self, peer: usize, what: &str) -> impl FnOnce(std::io::Error) -> CollectiveError {
+        let (rank, world) = (self.rank, self.world);
+        let what = if peer == 0 {
+            format!("{what} rank 0 (did it stop?)")
+        } else {
+            format!("{what} rank {peer} (did it stop?)")
+        };
+        move |source| CollectiveError::Io {
+            rank,
+            world,
+            what,
+            source,
+        }
+    }
+}
+
+fn configure(s: &TcpStream, timeout: Duration) -> std::io::Result<()> {
+    s.set_nodelay(true)?;
+    s.set_read_timeout(Some(timeout))?;
+    s.set_write_timeout(Some(timeout))
+}
+
+/// A worker's (rank, world).
+fn greeting(mut s: &TcpStream) -> std::io::Result<(usize, usize)> {
+    let mut b = [0u8; 12];
+    s.read_exact(&mut b)?;
+    if &b[..4] != MAGIC {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "not an actguide worker",
+        ));
+    }
+    let r = u32::from_le_bytes(b[4..8].try_into().expect("4 bytes")) as usize;
+    let w = u32::from_le_bytes(b[8..12].try_into().expect("4 bytes")) as usize;
+    Ok((r, w))
+}
+
+fn send(mut s: &TcpStream, bytes: &[u8]) -> std::io::Result<()> {
+    s.write_all(&(bytes.len() as u64).to_le_bytes())?;
+    s.write_all(bytes)
+}
+
+fn recv(mut s: &TcpStream) -> std::io::Result<Vec<u8>> {
+    let mut n = [0u8; 8];
+    s.read_exact(&mut n)?;
+    let mut b = vec![0u8; u64::from_le_bytes(n) as usize];
+    s.read_exact(&mut b)?;
+    Ok(b)
+}
+
+impl Collective for TcpGroup {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world(&self) -> usize {
+        self.world
+    }
+
+    fn all_gather(&self, bytes: Vec<u8>) -> Result<Vec<Vec<u8>>, CollectiveError> {
+        let links = self.links.lock().expect("links lock");
+        if self.rank == 0 {
+            let mut all = vec![bytes];
+            for (i, l) in links.iter().enumerate() {
+                all.push(recv(l).map_err(self.io_err(i + 1, "no data from"))?);
+            }
+            for (i, l) in links.iter().enumerate() {
+                for b in &all {
+                    send(l, b).map_err(self.io_err(i + 1, "cannot send to"))?;
+                }
+            }
+            Ok(all)
+        } else {
+            let l = &links[0];
+            send(l, &bytes).map_err(self.io_err(0, "cannot send to"))?;
+            (0..self.world)
+                .map(|_| recv(l).map_err(self.io_err(0, "no data from")))
+                .collect()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{Device, Tensor};
+
+    /// `world` ranks on threads of this process, joined on a free port.
+    pub(crate) fn group(world: usize) -> Vec<TcpGroup> {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let t = Duration::from_secs(20);
+        let workers: Vec<_> = (1..world)
+            .map(|r| {
+                let a = addr.clone();
+                std::thread::spawn(move || TcpGroup::connect(&a, r, world, t).unwrap())
+            })
+            .collect();
+        let mut g = vec![TcpGroup::host(l, world, t).unwrap()];
+        g.extend(workers.into_iter().map(|w| w.join().unwrap()));
+        g
+    }
+
+    #[test]
+    fn gathers_broadcasts_and_sums_in_rank_order() {
+        let g = group(3);
+        let out: Vec<_> = std::thread::scope(|s| {
+            let hs: Vec<_> = g
+                .iter()
+                .map(|c| {
+                    s.spawn(move || {
+                        let r = c.rank();
+                        let all = c.all_gather(vec![r as u8; r + 1]).unwrap();
+                        let b = c.broadcast(format!("from {r}").into_bytes()).unwrap();
+                        let t = Tensor::new(&[r as f32, 1.0, 0.5], &Device::Cpu).unwrap();
+                        let sum = c.all_reduce_sum(&[t]).unwrap();
+                        let f = c.all_reduce_f64(&[r as f64, 2.0]).unwrap();
+                        (all, b, sum[0].to_vec1::<f32>().unwrap(), f)
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (all, b, sum, f) in out {
+            assert_eq!(all, [vec![0u8], vec![1, 1], vec![2, 2, 2]]);
+            assert_eq!(b, b"from 0");
+            assert_eq!(sum, [3.0, 3.0, 1.5]);
+            assert_eq!(f, [3.0, 6.0]);
+        }
+    }
+
+    #[test]
+    fn a_rank_that_leaves_fails_the_others_with_its_rank_named() {
+        let mut g = group(2);
+        let w = g.pop().unwrap();
+        drop(w);
+        let e = g[0].all_gather(vec![1]).unwrap_err().to_string();
+        assert!(e.contains("rank 1 (did it stop?)"), "{e}");
+        // A worker whose rank 0 is gone cannot join.
+        let e = TcpGroup::connect("127.0.0.1:1", 1, 2, Duration::from_millis(200))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("cannot reach rank 0"), "{e}");
+    }
+
+    #[test]
+    fn ranks_that_disagree_on_sizes_are_refused() {
+        let g = group(2);
+        let e = std::thread::scope(|s| {
+            let a = s.spawn(|| g[0].all_reduce_f64(&[1.0, 2.0]));
+            let b = s.spawn(|| g[1].all_reduce_f64(&[1.0]));
+            let _ = b.join().unwrap();
+            a.join().unwrap().unwrap_err().to_string()
+        });
+        assert!(e.contains("disagree"), "{e}");
+    }
+}
