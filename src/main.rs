@@ -71,6 +71,9 @@ enum Cmd {
     /// Check that a device (cuda:N, or cpu) computes what the CPU does in
     /// f32 and bf16 and trains (gradients, generation, a LoRA step).
     CheckDevice(cli::model::CheckDeviceArgs),
+    /// A rank of a data-parallel run (`run --devices`); started by rank 0.
+    #[command(hide = true)]
+    DpWorker(cli::run::WorkerArgs),
 }
 
 fn main() {
@@ -97,5 +100,6 @@ fn dispatch(cmd: Cmd) -> Result<()> {
         Cmd::BenchModel(a) => cli::model::bench_model(a),
         Cmd::Bench(a) => cli::model::bench(a),
         Cmd::CheckDevice(a) => cli::model::check_device(a),
+        Cmd::DpWorker(a) => cli::run::dp_worker(a),
     }
 }

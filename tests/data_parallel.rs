@@ -143,3 +143,132 @@ fn train_free_weights() -> Vec<Vec<f32>> {
         })
         .collect()
 }
+
+// ---------------------------------------------------------------------------
+// Whole runs: `--devices cpu,cpu`, rank 1 a separate `actguide dp-worker`
+// process.
+
+mod runs {
+    use std::path::{Path, PathBuf};
+
+    use actguide::experiment::{self, Experiment, RunError, RunOptions};
+    use actguide::model::device::DeviceSpec;
+    use serde_json::Value;
+
+    fn experiment(runs: &Path, name: &str) -> Experiment {
+        let r = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let src = format!(
+            r#"#{{
+                name: "{name}", seed: 3, steps: 3, runs_dir: "{runs}",
+                model: #{{ path: "{r}/models/tiny" }},
+                env: #{{ train: "{r}/envs/household/train.jsonl", test: "{r}/envs/household/test.jsonl", max_steps: 6 }},
+                guidance: #{{ script: "{r}/scripts/guidance/gaussian.rhai", clusters: 3 }},
+                rollout: #{{ tasks_per_step: 4, group_size: 3 }},
+                trainer: #{{ micro_batch: 8, aux_nll_coef: 0.5 }},
+                evaluation: #{{ every: 3, max_tasks: 6, samples: 2 }},
+                checkpoint: #{{ every: 1 }},
+            }}"#,
+            runs = runs.display(),
+            r = r.display()
+        );
+        Experiment::from_source("dp.rhai", &src).unwrap()
+    }
+
+    fn two_cpus() -> RunOptions {
+        RunOptions {
+            devices: vec![DeviceSpec::Cpu, DeviceSpec::Cpu],
+            worker_program: Some(PathBuf::from(env!("CARGO_BIN_EXE_actguide"))),
+            ..Default::default()
+        }
+    }
+
+    /// The metrics lines without their clocks.
+    fn metrics(dir: &Path) -> Vec<Value> {
+        std::fs::read_to_string(dir.join("metrics.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| {
+                let mut v: Value = serde_json::from_str(l).unwrap();
+                let m = v.as_object_mut().unwrap();
+                m.remove("time");
+                m.retain(|k, _| !k.ends_with("tokens_per_s"));
+                v
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_two_process_run_is_deterministic_and_resumes_exactly() {
+        let tmp = tempfile::tempdir().unwrap();
+        let a = experiment::run(experiment(tmp.path(), "a"), &two_cpus(), &mut |_| {}).unwrap();
+        let b = experiment::run(experiment(tmp.path(), "b"), &two_cpus(), &mut |_| {}).unwrap();
+        let (ma, mb) = (metrics(&a.run_dir), metrics(&b.run_dir));
+        assert_eq!(ma.len(), 3);
+        assert_eq!(ma, mb, "same seed, same devices, same numbers");
+        // Both ranks rolled out: the step's 4 task groups × 3 episodes.
+        assert!(ma.iter().all(|m| m["episodes"] == 12), "{ma:?}");
+        // Stopped after 1 step, then resumed on two ranks again.
+        let stop = RunOptions {
+            stop_after: Some(1),
+            ..two_cpus()
+        };
+        let c = experiment::run(experiment(tmp.path(), "c"), &stop, &mut |_| {}).unwrap();
+        let resume = RunOptions {
+            resume: Some(c.run_dir.clone()),
+            ..two_cpus()
+        };
+        experiment::run(experiment(tmp.path(), "c"), &resume, &mut |_| {}).unwrap();
+        assert_eq!(metrics(&c.run_dir), ma, "resume continues exactly");
+        // One process: other random streams, the same kind of run.
+        let one = experiment::run(
+            experiment(tmp.path(), "one"),
+            &RunOptions::default(),
+            &mut |_| {},
+        )
+        .unwrap();
+        assert_eq!(metrics(&one.run_dir).len(), 3);
+    }
+
+    /// The pid of the process whose command line mentions `needle`.
+    fn pid_of(needle: &str) -> Option<String> {
+        std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+            let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            (cmd.contains("dp-worker") && cmd.contains(needle))
+                .then(|| e.file_name().to_string_lossy().into_owned())
+        })
+    }
+
+    #[test]
+    fn a_rank_that_dies_fails_the_run_with_its_rank_named() {
+        let tmp = tempfile::tempdir().unwrap();
+        let needle = tmp.path().display().to_string();
+        let mut killed = false;
+        let e = experiment::run(experiment(tmp.path(), "k"), &two_cpus(), &mut |ev| {
+            if let experiment::Event::Step { step: 0, .. } = ev {
+                let pid = pid_of(&needle).expect("rank 1 runs");
+                std::process::Command::new("sh")
+                    .args(["-c", &format!("kill -9 {pid}")])
+                    .status()
+                    .unwrap();
+                killed = true;
+            }
+        })
+        .unwrap_err();
+        assert!(killed);
+        let msg = e.to_string();
+        assert!(matches!(e, RunError::Collective(_)), "{msg}");
+        assert!(msg.contains("rank 1 (did it stop?)"), "{msg}");
+        // The last checkpoint (step 1) stays, to resume from.
+        assert!(tmp.path().join("k/checkpoints/step-000001").is_dir());
+        // A worker program that cannot serve is noticed before any step.
+        let bad = RunOptions {
+            worker_program: Some(PathBuf::from("/bin/false")),
+            ..two_cpus()
+        };
+        let e = experiment::run(experiment(tmp.path(), "f"), &bad, &mut |_| {})
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("rank 1 exited before joining"), "{e}");
+    }
+}

@@ -8,6 +8,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 
 use actguide::experiment::{self, Comparison, Experiment, ExperimentFile, RunOptions};
+use actguide::model::device::DeviceSpec;
 
 use super::print::{print_comparison, print_summary, EventPrinter};
 
@@ -35,6 +36,44 @@ pub struct RunArgs {
     /// tagged with their entry).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
     jobs: u16,
+    /// Data-parallel training: one process per device, e.g. `cuda:0,cuda:1`
+    /// (NCCL; build with `--features nccl`) or `cpu,cpu`. This process is
+    /// rank 0 and owns the run directory (docs/DISTRIBUTED.md).
+    #[arg(long, value_delimiter = ',')]
+    devices: Vec<DeviceSpec>,
+}
+
+// Flags of `actguide dp-worker` (started by rank 0, not by hand).
+#[derive(Args)]
+pub struct WorkerArgs {
+    #[arg(long)]
+    rank: usize,
+    #[arg(long)]
+    world: usize,
+    /// Rank 0's address.
+    #[arg(long)]
+    rendezvous: String,
+    #[arg(long)]
+    device: DeviceSpec,
+    /// The run directory (its experiment.json, its checkpoints on resume).
+    #[arg(long)]
+    run_dir: PathBuf,
+    /// Start from the run's latest checkpoint.
+    #[arg(long)]
+    resume: bool,
+}
+
+/// Serve rank 0 of a data-parallel run.
+pub fn dp_worker(a: WorkerArgs) -> Result<()> {
+    experiment::serve_worker(
+        a.rank,
+        a.world,
+        &a.rendezvous,
+        a.device,
+        &a.run_dir,
+        a.resume,
+    )
+    .with_context(|| format!("rank {} of {}", a.rank, a.world))
 }
 
 pub fn run(args: RunArgs) -> Result<()> {
@@ -45,12 +84,15 @@ pub fn run(args: RunArgs) -> Result<()> {
         plain,
         memory_gb,
         jobs,
+        devices,
     } = args;
     let opts = RunOptions {
         resume: resume.clone(),
         stop_after,
         interrupt: Some(interrupt_on_signals()?),
         memory_limit: memory_gb.map(|g| (g * (1u64 << 30) as f64) as u64),
+        devices,
+        worker_program: None,
     };
     let exp = match (&experiment, &resume) {
         (Some(p), None) => match ExperimentFile::load(p)? {

@@ -39,6 +39,17 @@ impl TcpGroup {
         world: usize,
         timeout: Duration,
     ) -> Result<Self, CollectiveError> {
+        Self::host_watching(listener, world, timeout, &mut || None)
+    }
+
+    /// [`TcpGroup::host`], asking `gone` while it waits whether a worker
+    /// is known to have died (then it stops waiting, with that reason).
+    pub fn host_watching(
+        listener: TcpListener,
+        world: usize,
+        timeout: Duration,
+        gone: &mut dyn FnMut() -> Option<String>,
+    ) -> Result<Self, CollectiveError> {
         let io = |what: &str| {
             let what = what.to_string();
             move |source| CollectiveError::Io {
@@ -76,6 +87,13 @@ impl TcpGroup {
                     links[r - 1] = Some(s);
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    if let Some(why) = gone() {
+                        return Err(CollectiveError::Protocol {
+                            rank: 0,
+                            world,
+                            msg: why,
+                        });
+                    }
                     if Instant::now() > deadline {
                         let missing: Vec<usize> =
                             (1..world).filter(|r| links[r - 1].is_none()).collect();
@@ -152,6 +170,16 @@ impl TcpGroup {
             world,
             links: Mutex::new(vec![s]),
         })
+    }
+
+    /// How long later operations wait for a peer (the join's timeout
+    /// until then).
+    pub fn set_peer_timeout(&self, timeout: Duration) -> Result<(), CollectiveError> {
+        for (i, l) in self.links.lock().expect("links lock").iter().enumerate() {
+            let peer = if self.rank == 0 { i + 1 } else { 0 };
+            configure(l, timeout).map_err(self.io_err(peer, "cannot configure the link to"))?;
+        }
+        Ok(())
     }
 
     fn io_err(&self, peer: usize, what: &str) -> impl FnOnce(std::io::Error) -> CollectiveError {

@@ -15,4 +15,4 @@ pub mod sft;
 
 pub use compare::{run_comparison, ComparisonSummary};
 pub use config::{Comparison, ConfigError, Experiment, ExperimentFile};
-pub use run::{run, Event, RunError, RunOptions, RunSummary};
+pub use run::{run, serve_worker, Event, RunError, RunOptions, RunSummary};

@@ -19,7 +19,7 @@ pub struct EpisodeRequest<'a> {
 }
 
 /// One turn of an episode, with everything the trainer needs.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Turn {
     /// Context the action was generated under (with the plan, if any).
     pub prompt_ids: Vec<u32>,
@@ -57,8 +57,9 @@ pub fn state_text(status: &str, observation: &str) -> String {
     format!("{status}\n{observation}")
 }
 
-/// A finished episode.
-#[derive(Debug, Clone, PartialEq)]
+/// A finished episode (serialisable: data-parallel ranks send theirs to
+/// rank 0).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Episode {
     pub task_id: String,
     pub spec: ResolvedSpec,

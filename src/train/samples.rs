@@ -6,7 +6,7 @@ use crate::guidance::PlanLoss;
 use crate::rollout::Episode;
 
 /// One scored sequence: a turn's prompt followed by its action tokens.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Sample {
     pub seq: Vec<u32>,
     /// Positions of the action tokens in `seq`.

@@ -71,8 +71,13 @@ impl Trainer {
     /// micro-batches, and the gradients and metric sums are added over
     /// ranks before clipping, so every rank takes the same AdamW step.
     pub fn with_collective(mut self, coll: Arc<dyn Collective>) -> Self {
-        self.coll = coll;
+        self.set_collective(coll);
         self
+    }
+
+    /// See [`Trainer::with_collective`].
+    pub fn set_collective(&mut self, coll: Arc<dyn Collective>) {
+        self.coll = coll;
     }
 
     /// The trainer's settings.

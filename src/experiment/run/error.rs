@@ -39,6 +39,11 @@ pub enum RunError {
     /// The configuration cannot fit in the device's memory.
     #[error(transparent)]
     Memory(#[from] Box<crate::experiment::memory::MemoryError>),
+    /// A data-parallel rank failed, left, or could not start.
+    #[error("data-parallel run: {0}")]
+    Ranks(String),
+    #[error("data-parallel run: {0}")]
+    Collective(#[from] crate::distributed::CollectiveError),
     /// A subprocess env could not supply a panel's expert actions.
     #[error("{}: {source}", panel.display())]
     Experts {

@@ -11,6 +11,7 @@
 mod error;
 mod evaluate;
 mod phases;
+mod ranks;
 mod reload;
 mod setup;
 mod step;
@@ -39,6 +40,7 @@ use crate::train::Trainer;
 
 pub use error::RunError;
 use evaluate::{run_eval, tb_write};
+pub use ranks::serve_worker;
 pub use reload::ReloadFailure;
 use reload::{log_reload, reload_if_edited};
 use views::task_view;
@@ -57,6 +59,12 @@ pub struct RunOptions {
     /// Memory the run may plan for, in bytes, instead of what the device
     /// reports (for a machine shared with other jobs).
     pub memory_limit: Option<u64>,
+    /// Data-parallel: one rank per device (`--devices`); empty or one
+    /// entry: this process alone on `model.device`.
+    pub devices: Vec<crate::model::device::DeviceSpec>,
+    /// The program that serves `dp-worker` for ranks 1.. (default: this
+    /// executable; tests name the built binary).
+    pub worker_program: Option<PathBuf>,
 }
 
 impl RunOptions {
@@ -155,6 +163,8 @@ struct Ctx {
     /// Watches the guidance script for hot reload (None if watching is
     /// unavailable on this system).
     watcher: Option<FileWatcher>,
+    /// The other ranks of a data-parallel run (None: this process alone).
+    ranks: Option<ranks::Ranks>,
 }
 
 /// Tokens and clock of the steps this invocation ran (the summary's
@@ -240,6 +250,11 @@ pub fn run(
     on_event: &mut dyn FnMut(Event),
 ) -> Result<RunSummary, RunError> {
     let t_start = Instant::now();
+    let mut exp = exp;
+    if opts.devices.len() > 1 {
+        ranks::check(&exp, &opts.devices)?;
+        exp.model.device = opts.devices[0];
+    }
     let (mut ctx, start_step, warnings) = setup::setup(exp, opts)?;
     let steps = ctx.exp.steps;
     on_event(Event::Started {
@@ -266,6 +281,30 @@ pub fn run(
             let _ = std::fs::remove_dir_all(ctx.dir.path());
         }
         return Err(e);
+    }
+    if opts.devices.len() > 1 {
+        let exe = match &opts.worker_program {
+            Some(p) => p.clone(),
+            None => ranks::worker_program()?,
+        };
+        let r = ranks::Ranks::launch(
+            &exe,
+            ctx.dir.path(),
+            &opts.devices,
+            opts.resume.is_some(),
+            ctx.policy.device(),
+        )?;
+        ctx.trainer.set_collective(r.collective());
+        on_event(Event::Log(format!(
+            "data-parallel: {} ranks on {}",
+            opts.devices.len(),
+            opts.devices
+                .iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
+        ctx.ranks = Some(r);
     }
     if start_step == 0 && !ctx.evals.iter().any(|(s, _)| *s == 0) {
         spec.begin_step();
@@ -311,6 +350,9 @@ pub fn run(
             interrupted = true;
             break;
         }
+    }
+    if let Some(r) = &ctx.ranks {
+        r.stop()?;
     }
     let secs = t_start.elapsed().as_secs_f64();
     Ok(RunSummary {

@@ -92,6 +92,7 @@ pub(super) fn setup(
         Ctx {
             _lock: lock,
             watcher,
+            ranks: None,
             exp,
             dir,
             train,
@@ -117,7 +118,7 @@ pub(super) fn setup(
 /// The train and test panels (with expert actions a subprocess env
 /// supplies where a panel lacks them) and the difficulty clusters of the
 /// train panel.
-fn panels(exp: &Experiment) -> Result<(Vec<Task>, Vec<Task>, Clusters), RunError> {
+pub(super) fn panels(exp: &Experiment) -> Result<(Vec<Task>, Vec<Task>, Clusters), RunError> {
     let mut train = panel::read_jsonl(Path::new(&exp.env.train))?;
     let mut test = panel::read_jsonl(Path::new(&exp.env.test))?;
     let spec = exp.env.spec();
@@ -134,7 +135,7 @@ fn panels(exp: &Experiment) -> Result<(Vec<Task>, Vec<Task>, Clusters), RunError
 
 /// The policy (the model source's weights, else the seed's, or the
 /// checkpoint's) and its trainer.
-fn policy_and_trainer(
+pub(super) fn policy_and_trainer(
     exp: &Experiment,
     src: &ModelSource,
     resumed: Option<&Loaded>,

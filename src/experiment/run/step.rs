@@ -12,6 +12,7 @@ use std::time::Instant;
 use rand_chacha::ChaCha8Rng;
 
 use super::phases::{Batch, Driven, Update};
+use super::ranks::{Local, Ranks};
 use super::step_line::step_line;
 use super::timings::{Phase, Timings};
 use super::views::{episode_view, task_view};
@@ -59,6 +60,7 @@ pub(super) fn train_step(
         step,
         &batch,
         &timings,
+        ctx.ranks.as_ref(),
     )?;
     let results = task_results(&views, &driven.groups);
     let update = update_script(&mut ctx.host, step, &results, &tstats, &timings, on_event);
@@ -90,6 +92,7 @@ fn drive_rollouts(
         tok,
         ropts,
         exp,
+        ranks,
         ..
     } = ctx;
     let mut ex = Executor {
@@ -98,6 +101,9 @@ fn drive_rollouts(
         make,
         ropts,
         tasks: task_idx.iter().map(|&ti| &train[ti]).collect(),
+        train,
+        task_idx,
+        ranks: ranks.as_ref(),
         seed: exp.seed,
         step,
         calls: 0,
@@ -149,6 +155,11 @@ struct Executor<'a> {
     ropts: &'a RolloutOptions,
     /// The step's tasks (requests index into them).
     tasks: Vec<&'a Task>,
+    /// The train panel, and the step's tasks' indices into it.
+    train: &'a [Task],
+    task_idx: &'a [usize],
+    /// The other ranks of a data-parallel run.
+    ranks: Option<&'a Ranks>,
     seed: u64,
     step: usize,
     /// Batches run so far this step (each gets its own random stream).
@@ -160,11 +171,7 @@ struct Executor<'a> {
 }
 
 impl Executor<'_> {
-    fn run(
-        &mut self,
-        host: &mut GuidanceHost,
-        reqs: &[Request],
-    ) -> Result<Vec<Episode>, RolloutError> {
+    fn run(&mut self, host: &mut GuidanceHost, reqs: &[Request]) -> Result<Vec<Episode>, RunError> {
         let t0 = Instant::now();
         let requests: Vec<EpisodeRequest> = reqs
             .iter()
@@ -176,12 +183,29 @@ impl Executor<'_> {
                 }
             })
             .collect();
-        let mut rng = seed::rng(
-            self.seed,
-            &[seed::label("rollout"), self.step as u64, self.calls],
-        );
+        let call = self.calls;
         self.calls += 1;
-        let (mut eps, st, mut hooks_s) = self.generate(host, &requests, &mut rng)?;
+        let (mut eps, st, mut hooks_s) = match self.ranks {
+            Some(r) => {
+                let pos: Vec<usize> = reqs.iter().map(|q| q.task).collect();
+                let local = Local {
+                    policy: self.policy,
+                    tok: self.tok,
+                    make: self.make,
+                    ropts: self.ropts,
+                    train: self.train,
+                    seed: self.seed,
+                };
+                let (eps, st) =
+                    r.rollout(self.step, call, &requests, self.task_idx, &pos, &local)?;
+                (eps, st, 0.0)
+            }
+            None => {
+                let mut rng =
+                    seed::rng(self.seed, &[seed::label("rollout"), self.step as u64, call]);
+                self.generate(host, &requests, &mut rng)?
+            }
+        };
         // Reward shaping by the reward script (the env reward stands on
         // error).
         if host.has_reward() {
@@ -333,6 +357,7 @@ fn train(
     step: usize,
     batch: &Batch,
     timings: &Timings,
+    ranks: Option<&Ranks>,
 ) -> Result<TrainStats, RunError> {
     let t = &exp.trainer;
     let sopts = SampleOptions {
@@ -343,6 +368,9 @@ fn train(
         protect_forced: t.protect_forced,
     };
     let samples = build_samples(&batch.episodes, &batch.advantages, &sopts);
+    if let Some(r) = ranks {
+        r.train(step, &samples)?;
+    }
     let mut trng = seed::rng(exp.seed, &[seed::label("train"), step as u64]);
     let tstats = trainer.step(policy, &samples, step, &mut trng)?;
     timings.add(Phase::Train, tstats.seconds);
