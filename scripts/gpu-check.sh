@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The prepared GPU check: on a machine with one NVIDIA GPU (H100/H200
 # class), in under 8 minutes once built, it
-#   1. builds with `--features cuda` (release),
+#   1. builds with `--features nccl` (release; CUDA plus the NCCL
+#      transport of data-parallel runs),
 #   2. runs `actguide check-device cuda` (CPU-vs-CUDA parity of log-probs
 #      and logits in f32 and bf16, gradient completeness, generation vs
 #      scoring, a bf16 LoRA step) and the CUDA integration tests
@@ -9,6 +10,8 @@
 #   3. runs `bench-model` on SmolLM2-135M at batch 1/8/32 on CUDA in bf16
 #      and f32,
 #   4. runs 3 guided LoRA steps of examples/smollm2_household.rhai on CUDA,
+#   5. with two or more GPUs, runs those steps data-parallel on cuda:0 and
+#      cuda:1 (`run --devices`, NCCL),
 # and prints one summary table. Logs and JSON go to $GPU_CHECK_OUT
 # (default runs/gpu-check).
 #
@@ -16,12 +19,12 @@
 #
 # Offline GPU machines (no cargo, no network): build here with
 #   eval "$(scripts/cuda-toolchain.sh)"
-#   cargo build --release --features cuda
-#   cargo test --release --features cuda --test cuda --no-run   # prints the test binary
+#   cargo build --release --features nccl
+#   cargo test --release --features nccl --test cuda --no-run   # prints the test binary
 # copy the two binaries (and models/smollm2/) over, and run with
 #   ACTGUIDE_BIN=path/to/actguide ACTGUIDE_CUDA_TESTS=path/to/cuda-<hash> scripts/gpu-check.sh
-# Multi-GPU data parallelism is designed (docs/DISTRIBUTED.md) but not
-# built yet; this script checks one GPU.
+# Data parallelism (docs/DISTRIBUTED.md) needs libnccl.so.2 at run time
+# (PyPI: nvidia-nccl-cu12) only for step 5.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -45,20 +48,20 @@ if [ -z "$BIN" ]; then
     if ! command -v nvcc >/dev/null; then
         eval "$(scripts/cuda-toolchain.sh)" || { echo "gpu-check: no nvcc and the toolchain script failed" >&2; exit 1; }
     fi
-    if cargo build --release --features cuda 2>&1 | tee "$OUTDIR/build.log" | tail -3; then
+    if cargo build --release --features nccl 2>&1 | tee "$OUTDIR/build.log" | tail -3; then
         BIN="$ROOT/target/release/actguide"
-        TESTS="$(cargo test --release --features cuda --test cuda --no-run --message-format=json 2>>"$OUTDIR/build.log" \
+        TESTS="$(cargo test --release --features nccl --test cuda --no-run --message-format=json 2>>"$OUTDIR/build.log" \
             | python3 -c 'import sys, json
 for l in sys.stdin:
     m = json.loads(l)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "cuda":
         print(m["executable"])' | tail -1)"
-        note "build (--features cuda)" "ok" "$(elapsed "$t") s"
+        note "build (--features nccl)" "ok" "$(elapsed "$t") s"
     else
-        note "build (--features cuda)" "FAILED" "see $OUTDIR/build.log"
+        note "build (--features nccl)" "FAILED" "see $OUTDIR/build.log"
     fi
 else
-    note "build (--features cuda)" "prebuilt" "$BIN"
+    note "build (--features nccl)" "prebuilt" "$BIN"
 fi
 
 if [ -n "$BIN" ] && [ -x "$BIN" ]; then
@@ -110,6 +113,22 @@ print("; ".join("B=%d decode %.0f tok/s, train %.0f tok/s" % (x["batch"], x["dec
             fi
         else
             note "smollm2_household on cuda" "FAILED" "could not point the example at cuda (its model line changed?)"
+        fi
+
+        # 5. Data parallelism: the same steps on two GPUs (NCCL), when there are two.
+        gpus="$(nvidia-smi -L | grep -c '^GPU')"
+        if [ "$gpus" -ge 2 ] && grep -q 'device: "cuda"' "$exp"; then
+            dp="$OUTDIR/smollm2_household_dp.rhai"
+            sed -e 's|name: "smollm2_household_cuda",|name: "smollm2_household_dp",|' "$exp" >"$dp"
+            t=$(date +%s)
+            rm -rf runs/smollm2_household_dp
+            if "$BIN" run "$dp" --devices cuda:0,cuda:1 --plain 2>&1 | tee "$OUTDIR/dp-run.log" | tail -8; then
+                note "data-parallel on 2 GPUs" "ok" "$(grep -E 'throughput|wall time' "$OUTDIR/dp-run.log" | tr -s ' ' | paste -sd ';') ($(elapsed "$t") s)"
+            else
+                note "data-parallel on 2 GPUs" "FAILED" "$OUTDIR/dp-run.log (needs libnccl.so.2: pip install nvidia-nccl-cu12, on LD_LIBRARY_PATH)"
+            fi
+        else
+            note "data-parallel on 2 GPUs" "skipped" "$gpus GPU(s) here"
         fi
     else
         note "bench-model SmolLM2" "skipped" "no $MODEL (scripts/fetch-smollm2.sh needs PyPI)"
