@@ -63,8 +63,11 @@ fn train(coll: Option<Arc<dyn Collective>>) -> (Vec<Vec<f32>>, TrainStats) {
     let s = samples(p.config().vocab_size as u32);
     let mut rng = seed::rng(5, &[3]);
     let stats = t.step(&p, &s, 0, &mut rng).unwrap();
-    let w = p
-        .named_vars()
+    (weights(&p), stats)
+}
+
+fn weights(p: &Policy) -> Vec<Vec<f32>> {
+    p.named_vars()
         .iter()
         .map(|(_, v)| {
             v.as_tensor()
@@ -73,8 +76,7 @@ fn train(coll: Option<Arc<dyn Collective>>) -> (Vec<Vec<f32>>, TrainStats) {
                 .to_vec1::<f32>()
                 .unwrap()
         })
-        .collect();
-    (w, stats)
+        .collect()
 }
 
 #[test]
@@ -116,7 +118,7 @@ fn two_ranks_take_the_step_one_process_takes() {
             "{name}: {a} vs {b}"
         );
     }
-    let init = train_free_weights();
+    let init = weights(&policy());
     let mut moved = 0usize;
     for ((a, b), i) in w0
         .iter()
@@ -128,20 +130,6 @@ fn two_ranks_take_the_step_one_process_takes() {
         moved += usize::from(b != i);
     }
     assert!(moved > 1000, "the step changed the weights ({moved})");
-}
-
-fn train_free_weights() -> Vec<Vec<f32>> {
-    policy()
-        .named_vars()
-        .iter()
-        .map(|(_, v)| {
-            v.as_tensor()
-                .flatten_all()
-                .unwrap()
-                .to_vec1::<f32>()
-                .unwrap()
-        })
-        .collect()
 }
 
 // ---------------------------------------------------------------------------

@@ -68,7 +68,7 @@ pub trait Collective: Send + Sync {
         for t in ts {
             flat.extend(t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?);
         }
-        let sums = sum_in_rank_order(self, &flat)?;
+        let sums = sum_in_rank_order(self, &flat, f32::to_le_bytes, f32::from_le_bytes)?;
         let mut out = Vec::with_capacity(ts.len());
         let mut at = 0;
         for t in ts {
@@ -85,18 +85,7 @@ pub trait Collective: Send + Sync {
         if self.world() == 1 {
             return Ok(xs.to_vec());
         }
-        let bytes: Vec<u8> = xs.iter().flat_map(|x| x.to_le_bytes()).collect();
-        let all = self.all_gather(bytes)?;
-        let mut out = vec![0f64; xs.len()];
-        for (r, b) in all.iter().enumerate() {
-            if b.len() != xs.len() * 8 {
-                return Err(self.mismatch(r, b.len(), xs.len() * 8));
-            }
-            for (o, c) in out.iter_mut().zip(b.chunks_exact(8)) {
-                *o += f64::from_le_bytes(c.try_into().expect("8 bytes"));
-            }
-        }
-        Ok(out)
+        sum_in_rank_order(self, xs, f64::to_le_bytes, f64::from_le_bytes)
     }
 
     /// A peer sent a buffer of another size than this rank's.
@@ -112,20 +101,27 @@ pub trait Collective: Send + Sync {
     }
 }
 
-/// f32 sums over ranks, added in rank order.
-fn sum_in_rank_order<C: Collective + ?Sized>(
+/// Sums over ranks, added in rank order, of numbers sent as `N`
+/// little-endian bytes.
+fn sum_in_rank_order<C, T, const N: usize>(
     c: &C,
-    xs: &[f32],
-) -> Result<Vec<f32>, CollectiveError> {
-    let bytes: Vec<u8> = xs.iter().flat_map(|x| x.to_le_bytes()).collect();
+    xs: &[T],
+    to: fn(T) -> [u8; N],
+    from: fn([u8; N]) -> T,
+) -> Result<Vec<T>, CollectiveError>
+where
+    C: Collective + ?Sized,
+    T: Copy + Default + std::ops::AddAssign,
+{
+    let bytes: Vec<u8> = xs.iter().flat_map(|&x| to(x)).collect();
     let all = c.all_gather(bytes)?;
-    let mut out = vec![0f32; xs.len()];
+    let mut out = vec![T::default(); xs.len()];
     for (r, b) in all.iter().enumerate() {
-        if b.len() != xs.len() * 4 {
-            return Err(c.mismatch(r, b.len(), xs.len() * 4));
+        if b.len() != xs.len() * N {
+            return Err(c.mismatch(r, b.len(), xs.len() * N));
         }
-        for (o, ch) in out.iter_mut().zip(b.chunks_exact(4)) {
-            *o += f32::from_le_bytes(ch.try_into().expect("4 bytes"));
+        for (o, ch) in out.iter_mut().zip(b.chunks_exact(N)) {
+            *o += from(ch.try_into().expect("N bytes"));
         }
     }
     Ok(out)

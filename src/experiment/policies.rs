@@ -72,6 +72,16 @@ pub fn trained(
     }
 }
 
+/// Restore the trainer's optimiser from a loaded checkpoint.
+pub fn restore_optimizer(trainer: &mut Trainer, l: &Loaded) -> Result<(), RunError> {
+    trainer
+        .restore_optimizer(&l.optimizer, l.state.optimizer_t)
+        .map_err(|e| RunError::Resume {
+            checkpoint: l.dir.clone(),
+            msg: e.to_string(),
+        })
+}
+
 /// The experiment's rollout options. `rollout.format = "chat"` takes the
 /// template the model declares (`chat_template` in `tokenizer_config.json`
 /// or the GGUF) and falls back to the tokenizer's special tokens when it

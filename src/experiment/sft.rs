@@ -265,12 +265,7 @@ fn setup(exp: Experiment, o: &SftOptions) -> Result<(SftCtx, usize), RunError> {
     )?;
     let start = match &resumed {
         Some(l) => {
-            trainer
-                .restore_optimizer(&l.optimizer, l.state.optimizer_t)
-                .map_err(|e| RunError::Resume {
-                    checkpoint: l.dir.clone(),
-                    msg: e.to_string(),
-                })?;
+            policies::restore_optimizer(&mut trainer, l)?;
             let mut warnings = Vec::new();
             crate::rundir::jsonl::truncate_after(
                 &dir.path().join(SftLine::FILE),

@@ -99,40 +99,26 @@ pub fn render(
     if let Some(groups) = groups {
         h.push_str("<h2 id=\"seeds\">Over seeds</h2>\n");
         let _ = writeln!(h, "<p class=\"note\">{}</p>", inline_code(GROUP_NOTE));
-        h.push_str("<div class=\"tablewrap\">\n<table class=\"summary\">\n<thead><tr>");
-        for head in GROUP_HEADERS {
-            let _ = write!(h, "<th>{}</th>", escape(head));
-        }
-        h.push_str("</tr></thead>\n<tbody>\n");
-        for g in groups {
-            h.push_str("<tr>");
-            for cell in group_cells(g) {
-                let _ = write!(h, "<td>{}</td>", escape(&cell));
-            }
-            h.push_str("</tr>\n");
-        }
-        h.push_str("</tbody>\n</table>\n</div>\n");
+        table(
+            &mut h,
+            &GROUP_HEADERS,
+            groups
+                .iter()
+                .map(|g| group_cells(g).iter().map(|c| escape(c)).collect()),
+        );
     }
     h.push_str("<h2 id=\"summary\">Summary</h2>\n");
     let _ = writeln!(h, "<p class=\"note\">{}</p>", inline_code(TABLE_NOTE));
-    h.push_str("<div class=\"tablewrap\">\n<table class=\"summary\">\n<thead><tr>");
-    for head in TABLE_HEADERS {
-        let _ = write!(h, "<th>{}</th>", escape(head));
-    }
-    h.push_str("</tr></thead>\n<tbody>\n");
-    for r in rows {
-        h.push_str("<tr>");
-        for (i, cell) in table_cells(r).iter().enumerate() {
-            let mut text = escape(cell);
-            if i == 1 {
-                // Long script paths may wrap, but only after a slash.
-                text = text.replace('/', "/<wbr>");
-            }
-            let _ = write!(h, "<td>{text}</td>");
-        }
-        h.push_str("</tr>\n");
-    }
-    h.push_str("</tbody>\n</table>\n</div>\n");
+    // Long script paths (column 1) may wrap, but only after a slash.
+    table(
+        &mut h,
+        &TABLE_HEADERS,
+        rows.iter().map(|r| {
+            let mut cells: Vec<String> = table_cells(r).iter().map(|c| escape(c)).collect();
+            cells[1] = cells[1].replace('/', "/<wbr>");
+            cells
+        }),
+    );
 
     h.push_str("<h2 id=\"figures\">Figures</h2>\n<nav>");
     for f in figures {
@@ -156,6 +142,23 @@ pub fn render(
     }
     h.push_str("</body>\n</html>\n");
     h
+}
+
+/// A summary-styled table of cells that are already HTML (escaped text).
+fn table(h: &mut String, headers: &[&str], rows: impl Iterator<Item = Vec<String>>) {
+    h.push_str("<div class=\"tablewrap\">\n<table class=\"summary\">\n<thead><tr>");
+    for head in headers {
+        let _ = write!(h, "<th>{}</th>", escape(head));
+    }
+    h.push_str("</tr></thead>\n<tbody>\n");
+    for cells in rows {
+        h.push_str("<tr>");
+        for cell in cells {
+            let _ = write!(h, "<td>{cell}</td>");
+        }
+        h.push_str("</tr>\n");
+    }
+    h.push_str("</tbody>\n</table>\n</div>\n");
 }
 
 /// `success_train.svg` → `fig-success_train`.

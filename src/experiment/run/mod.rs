@@ -283,27 +283,8 @@ pub fn run(
         return Err(e);
     }
     if opts.devices.len() > 1 {
-        let exe = match &opts.worker_program {
-            Some(p) => p.clone(),
-            None => ranks::worker_program()?,
-        };
-        let r = ranks::Ranks::launch(
-            &exe,
-            ctx.dir.path(),
-            &opts.devices,
-            opts.resume.is_some(),
-            ctx.policy.device(),
-        )?;
-        ctx.trainer.set_collective(r.collective());
-        on_event(Event::Log(format!(
-            "data-parallel: {} ranks on {}",
-            opts.devices.len(),
-            opts.devices
-                .iter()
-                .map(|d| d.to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        )));
+        let r = ranks::Ranks::start(&mut ctx, opts)?;
+        on_event(Event::Log(r.describe()));
         ctx.ranks = Some(r);
     }
     if start_step == 0 && !ctx.evals.iter().any(|(s, _)| *s == 0) {

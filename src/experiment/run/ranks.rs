@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::{setup, RunError};
+use super::{setup, Ctx, RunError, RunOptions};
 use crate::distributed::{Collective, TcpGroup};
 use crate::env::{make_env, Env, Task};
 use crate::experiment::config::Experiment;
@@ -81,6 +81,7 @@ struct Share {
 pub(super) struct Ranks {
     coll: Arc<dyn Collective>,
     workers: Vec<Child>,
+    devices: Vec<DeviceSpec>,
 }
 
 impl std::fmt::Debug for Ranks {
@@ -132,7 +133,7 @@ pub(super) fn check(exp: &Experiment, devices: &[DeviceSpec]) -> Result<(), RunE
 impl Ranks {
     /// Start ranks 1.. on `devices[1..]` (`exe dp-worker …`), wait until
     /// they join, and open the group (NCCL on CUDA devices).
-    pub(super) fn launch(
+    fn launch(
         exe: &Path,
         run_dir: &Path,
         devices: &[DeviceSpec],
@@ -164,6 +165,7 @@ impl Ranks {
         let mut ranks = Ranks {
             coll: Arc::new(crate::distributed::Single),
             workers,
+            devices: devices.to_vec(),
         };
         let workers = &mut ranks.workers;
         let tcp = TcpGroup::host_watching(listener, world, JOIN_TIMEOUT, &mut || {
@@ -182,8 +184,32 @@ impl Ranks {
         Ok(ranks)
     }
 
-    pub(super) fn collective(&self) -> Arc<dyn Collective> {
-        self.coll.clone()
+    /// Start the other ranks of `opts.devices` for the run of `ctx` (set
+    /// up, memory-checked), and point its trainer at the group.
+    pub(super) fn start(ctx: &mut Ctx, opts: &RunOptions) -> Result<Self, RunError> {
+        let exe = match &opts.worker_program {
+            Some(p) => p.clone(),
+            None => worker_program()?,
+        };
+        let r = Ranks::launch(
+            &exe,
+            ctx.dir.path(),
+            &opts.devices,
+            opts.resume.is_some(),
+            ctx.policy.device(),
+        )?;
+        ctx.trainer.set_collective(r.coll.clone());
+        Ok(r)
+    }
+
+    /// `data-parallel: 2 ranks on cuda:0, cuda:1`.
+    pub(super) fn describe(&self) -> String {
+        let devices: Vec<String> = self.devices.iter().map(|d| d.to_string()).collect();
+        format!(
+            "data-parallel: {} ranks on {}",
+            devices.len(),
+            devices.join(", ")
+        )
     }
 
     fn send(&self, c: &Command) -> Result<(), RunError> {
@@ -364,12 +390,7 @@ pub fn serve_worker(
     };
     let (policy, mut trainer) = setup::policy_and_trainer(&exp, &src, resumed.as_ref(), &dev)?;
     if let Some(l) = &resumed {
-        trainer
-            .restore_optimizer(&l.optimizer, l.state.optimizer_t)
-            .map_err(|e| RunError::Resume {
-                checkpoint: l.dir.clone(),
-                msg: e.to_string(),
-            })?;
+        policies::restore_optimizer(&mut trainer, l)?;
     }
     let ropts = policies::rollout_options(
         &exp,

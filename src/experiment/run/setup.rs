@@ -217,9 +217,7 @@ fn resume_state(
         checkpoint: l.dir.clone(),
         msg,
     };
-    trainer
-        .restore_optimizer(&l.optimizer, l.state.optimizer_t)
-        .map_err(|e| resume(e.to_string()))?;
+    policies::restore_optimizer(trainer, l)?;
     host.restore(&l.state.host)
         .map_err(|e| resume(e.to_string()))?;
     host.set_source(Role::Guidance, Path::new(&exp.guidance.script));
