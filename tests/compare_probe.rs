@@ -323,3 +323,39 @@ fn probe_walks_the_expert_trajectory_and_is_deterministic() {
         assert!(svg.contains(&t.id));
     }
 }
+
+#[test]
+fn every_example_experiment_loads() {
+    // Example files are documentation: each must evaluate, as one run or
+    // a comparison (paths inside stay relative to the repository root).
+    let mut n = 0;
+    for e in std::fs::read_dir(root().join("examples")).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "rhai") {
+            let loaded = ExperimentFile::load(&p);
+            assert!(loaded.is_ok(), "{}: {:?}", p.display(), loaded.err());
+            n += 1;
+        }
+    }
+    assert!(n >= 10, "{n} example files");
+    let ExperimentFile::Compare(c) =
+        ExperimentFile::load(&root().join("examples/compare.rhai")).unwrap()
+    else {
+        panic!("examples/compare.rhai is a comparison")
+    };
+    // The headline: 3 seeds of GRPO, ActGuide-RL and G², one of the rest.
+    let names: Vec<&str> = c.runs.iter().map(|e| e.name.as_str()).collect();
+    assert_eq!(names.len(), 14, "{names:?}");
+    for s in [
+        "grpo-s13",
+        "actguide-s11",
+        "g2-s7",
+        "gigpo",
+        "binary_search",
+        "g2_no_noise",
+        "g2_no_aux",
+        "g2_one_cluster",
+    ] {
+        assert!(names.contains(&s), "{s} in {names:?}");
+    }
+}
