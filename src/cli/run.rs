@@ -65,6 +65,10 @@ pub struct WorkerArgs {
 
 /// Serve rank 0 of a data-parallel run.
 pub fn dp_worker(a: WorkerArgs) -> Result<()> {
+    // Ctrl-C reaches the whole process group: rank 0 finishes its step,
+    // checkpoints and then tells the workers to stop, so they must not die
+    // first (a lost rank would fail that step).
+    ctrlc::set_handler(|| {}).context("cannot install the SIGINT/SIGTERM handler")?;
     experiment::serve_worker(
         a.rank,
         a.world,
