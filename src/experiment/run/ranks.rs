@@ -23,6 +23,7 @@
 //! with its rank named; resume from the last checkpoint, with any number
 //! of devices.
 
+use std::borrow::Cow;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command as Process};
@@ -52,17 +53,21 @@ const PEER_TIMEOUT: Duration = Duration::from_secs(3600);
 /// How long rank 0 waits for the workers to start and join.
 const JOIN_TIMEOUT: Duration = Duration::from_secs(300);
 
-/// Rank 0's command to the other ranks.
+/// Rank 0's command to the other ranks (borrowed when sent, owned when
+/// received, so sending copies nothing).
 #[derive(Serialize, Deserialize)]
-enum Command {
+enum Command<'a> {
     /// Roll out `shares[rank]`: (train-panel index, spec) per episode.
     Rollout {
         step: usize,
         call: u64,
-        shares: Vec<Vec<(usize, ResolvedSpec)>>,
+        shares: Cow<'a, [Vec<(usize, ResolvedSpec)>]>,
     },
     /// One trainer step on these samples (every rank gets all of them).
-    Train { step: usize, samples: Vec<Sample> },
+    Train {
+        step: usize,
+        samples: Cow<'a, [Sample]>,
+    },
     /// The run is over.
     Stop,
 }
@@ -212,7 +217,7 @@ impl Ranks {
         )
     }
 
-    fn send(&self, c: &Command) -> Result<(), RunError> {
+    fn send(&self, c: &Command<'_>) -> Result<(), RunError> {
         let bytes = serde_json::to_vec(c)
             .map_err(|e| RunError::Ranks(format!("cannot encode a command: {e}")))?;
         self.coll.broadcast(bytes)?;
@@ -240,7 +245,7 @@ impl Ranks {
         self.send(&Command::Rollout {
             step,
             call,
-            shares: shares.clone(),
+            shares: Cow::Borrowed(&shares),
         })?;
         let mine = local.rollout(0, step, call, &shares[0])?;
         let all = self.coll.all_gather(encode(&mine)?)?;
@@ -279,7 +284,7 @@ impl Ranks {
     pub(super) fn train(&self, step: usize, samples: &[Sample]) -> Result<(), RunError> {
         self.send(&Command::Train {
             step,
-            samples: samples.to_vec(),
+            samples: Cow::Borrowed(samples),
         })
     }
 
@@ -411,7 +416,7 @@ pub fn serve_worker(
         seed: exp.seed,
     };
     loop {
-        let cmd: Command = decode(&coll.broadcast(Vec::new())?)?;
+        let cmd: Command<'static> = decode(&coll.broadcast(Vec::new())?)?;
         match cmd {
             Command::Rollout { step, call, shares } => {
                 let share = shares.get(rank).map_or(&[][..], Vec::as_slice);
