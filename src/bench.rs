@@ -118,6 +118,7 @@ pub fn run(cfg: &BenchConfig) -> Result<BenchReport, RunError> {
         step_slack: None,
         format: PromptFormat::Plain,
         env_concurrency: 1,
+        engine: None,
     };
     let make = |limit: usize| -> Box<dyn Env> {
         make_env(

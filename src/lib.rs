@@ -22,6 +22,8 @@
 //! - [`rollout`]: prompts (plain and chat), action projection, the episode
 //!   runner;
 //! - [`train`]: advantages, PPO/GRPO losses, AdamW, lr schedules;
+//! - [`engine`]: rollout generation on inference-engine servers
+//!   (llama.cpp, vLLM, SGLang): requests, server pool, weight sync;
 //! - [`distributed`]: collective operations for data-parallel training;
 //! - [`rundir`]: the run directory's layout and files (metrics and eval
 //!   logs as typed records, checkpoints, TensorBoard events, script copies);
@@ -36,6 +38,7 @@ pub mod bench;
 pub mod bench_model;
 pub mod device_check;
 pub mod distributed;
+pub mod engine;
 pub mod env;
 pub mod experiment;
 pub mod guidance;

@@ -88,6 +88,10 @@ enum Cmd {
     /// Check that a device (cuda:N, or cpu) computes what the CPU does in
     /// f32 and bf16 and trains (gradients, generation, a LoRA step).
     CheckDevice(cli::model::CheckDeviceArgs),
+    /// Serve a GGUF policy over llama.cpp's `/completion` API (takes
+    /// llama-server's flags): a stand-in rollout engine with the policy's
+    /// exact log-probs, for tests of `rollout.engine`.
+    EngineReference(cli::engine::EngineReferenceArgs),
     /// A rank of a data-parallel run (`run --devices`); started by rank 0.
     #[command(hide = true)]
     DpWorker(cli::run::WorkerArgs),
@@ -119,5 +123,6 @@ fn dispatch(cmd: Cmd) -> Result<()> {
         Cmd::Bench(a) => cli::model::bench(a),
         Cmd::CheckDevice(a) => cli::model::check_device(a),
         Cmd::DpWorker(a) => cli::run::dp_worker(a),
+        Cmd::EngineReference(a) => cli::engine::engine_reference(a),
     }
 }

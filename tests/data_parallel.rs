@@ -39,6 +39,7 @@ fn samples(vocab: u32) -> Vec<Sample> {
                 off_policy: false,
                 forced: false,
                 weight: 1.0,
+                tis: Vec::new(),
             }
         })
         .collect()

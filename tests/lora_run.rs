@@ -10,11 +10,8 @@ use std::path::{Path, PathBuf};
 
 use actguide::experiment::export::{export, ExportOptions};
 use actguide::experiment::{self, eval, Experiment, RunOptions};
-use actguide::model::{Arch, GgmlDType, ModelSource, Policy, ScoreBatch};
-use candle_core::quantized::gguf_file::{self, Value};
+use actguide::model::{ModelSource, Policy, ScoreBatch};
 use candle_core::Device;
-use rand::SeedableRng;
-use rand_chacha::ChaCha8Rng;
 use serde_json::Value as Json;
 
 fn root() -> PathBuf {
@@ -257,41 +254,11 @@ fn bad_lora_settings_are_refused_with_their_key() {
     assert!(e.contains("model.lora.dropout"), "{e}");
 }
 
-/// A tiny random llama with a byte-level BPE vocabulary and a ChatML
-/// template in its GGUF metadata.
-fn tiny_chat_gguf(path: &Path) {
-    let vocab = common::synthetic_vocab(Some("smollm"));
-    let cfg = common::tiny_llama_config(vocab.tokens.len(), 8192);
-    let arch = Arch::from_config(&cfg).unwrap();
-    let p =
-        Policy::new_random_with_arch(&cfg, &arch, &mut ChaCha8Rng::seed_from_u64(9), &Device::Cpu)
-            .unwrap();
-    let plain = path.with_extension("plain.gguf");
-    p.write_gguf(&plain, GgmlDType::F32, Some(&vocab)).unwrap();
-    // Add the chat template (write_gguf does not know one).
-    let mut f = std::fs::File::open(&plain).unwrap();
-    let c = gguf_file::Content::read(&mut f).unwrap();
-    let template = Value::String(
-        "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + \
-         message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}"
-            .into(),
-    );
-    let mut md: Vec<(&str, &Value)> = c.metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
-    md.push(("tokenizer.chat_template", &template));
-    let tensors: Vec<(String, _)> = c
-        .tensor_infos
-        .keys()
-        .map(|n| (n.clone(), c.tensor(&mut f, n, &Device::Cpu).unwrap()))
-        .collect();
-    let t_refs: Vec<(&str, _)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
-    gguf_file::write(&mut std::fs::File::create(path).unwrap(), &md, &t_refs).unwrap();
-}
-
 #[test]
 fn a_gguf_model_path_runs_in_chat_format_with_lora() {
     let tmp = tempfile::tempdir().unwrap();
     let gguf = tmp.path().join("tiny-chat.gguf");
-    tiny_chat_gguf(&gguf);
+    common::tiny_chat_gguf(&gguf);
     let src = ModelSource::open(&gguf).unwrap();
     assert!(src.has_weights());
     assert!(src.chat_template().unwrap().contains("<|im_start|>"));

@@ -5,6 +5,7 @@
 //! work is in the `actguide` library.
 
 pub mod checkpoint;
+pub mod engine;
 pub mod env;
 pub mod model;
 pub mod print;

@@ -115,6 +115,9 @@ pub fn rollout_options(
             crate::env::EnvKindName::Builtin(_) => 1,
             _ => exp.env.concurrency.max(1),
         },
+        // The run loop attaches the started engine to the training
+        // rollouts' options; evaluation stays on the built-in model.
+        engine: None,
     })
 }
 

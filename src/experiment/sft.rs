@@ -213,6 +213,7 @@ fn step_data(
                 off_policy: false,
                 forced: false,
                 weight: 1.0,
+                tis: Vec::new(),
             });
         }
     }

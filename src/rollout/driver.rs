@@ -7,7 +7,10 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::env::Env;
 use crate::guidance::host::{Intervention, TurnView};
-use crate::model::{GenerateOptions, ModelError, Policy, Tok, TokenTrie};
+use rand::Rng;
+
+use crate::engine::Request;
+use crate::model::{GenerateOptions, Generated, ModelError, Policy, Tok, TokenTrie};
 
 use super::encode::Fmt;
 use super::episode::{Episode, EpisodeRequest, Live};
@@ -72,18 +75,25 @@ pub fn run(
         }
         let batch = turn_batch(&live, &idx, &hints, &fmt, opts)?;
         stats.prompt_tokens += batch.prompts.iter().map(Vec::len).sum::<usize>();
-        let gens = policy.generate(
-            &batch.prompts,
-            &gen_opts,
-            if opts.constrained {
-                Some(&batch.tries)
-            } else {
-                None
-            },
-            rng,
-        )?;
+        let gens: Vec<Result<Generated, String>> = match &opts.engine {
+            None => policy
+                .generate(
+                    &batch.prompts,
+                    &gen_opts,
+                    if opts.constrained {
+                        Some(&batch.tries)
+                    } else {
+                        None
+                    },
+                    rng,
+                )?
+                .into_iter()
+                .map(Ok)
+                .collect(),
+            Some(e) => engine_generate(e, &batch, &gen_opts, rng)?,
+        };
         stats.generate_calls += 1;
-        stats.generated_tokens += gens.iter().map(|g| g.tokens.len()).sum::<usize>();
+        stats.generated_tokens += gens.iter().flatten().map(|g| g.tokens.len()).sum::<usize>();
         // The live episodes in `idx` order (idx lists the not-done ones).
         let turns = live
             .iter_mut()
@@ -92,8 +102,12 @@ pub fn run(
             .zip(batch.prompts.into_iter().zip(batch.unguided))
             .map(|((l, g), (p, u))| (l, g, p, u))
             .collect();
-        let applied = par_map(turns, opts.env_concurrency, &|(l, g, p, u)| {
-            l.apply(g, p, u, &fmt, tok, opts)
+        let applied = par_map(turns, opts.env_concurrency, &|(l, g, p, u)| match g {
+            Ok(g) => l.apply(g, p, u, &fmt, tok, opts),
+            Err(why) => {
+                l.fail_engine(why);
+                Ok(())
+            }
         });
         applied.into_iter().collect::<Result<Vec<()>, _>>()?;
     }
@@ -136,6 +150,46 @@ fn intervene_all(
         .collect()
 }
 
+/// The turn's generations on the engine: one request per live episode
+/// (its prompt, its admissible answers when constrained, a seed from
+/// `rng`); a failed request is that episode's failure.
+fn engine_generate(
+    e: &crate::engine::Engine,
+    batch: &TurnBatch,
+    o: &GenerateOptions,
+    rng: &mut ChaCha8Rng,
+) -> Result<Vec<Result<Generated, String>>, RolloutError> {
+    let model = e.model_name();
+    let seeds: Vec<u64> = batch.prompts.iter().map(|_| rng.random()).collect();
+    let reqs: Vec<Request<'_>> = batch
+        .prompts
+        .iter()
+        .zip(&seeds)
+        .enumerate()
+        .map(|(i, (p, &seed))| Request {
+            prompt: p,
+            answers: batch.answers.get(i).map(Vec::as_slice),
+            max_new_tokens: o.max_new_tokens,
+            temperature: o.temperature,
+            top_p: o.top_p,
+            stop: o.eos_token_id,
+            seed,
+            model: &model,
+        })
+        .collect();
+    let replies = e.pool().generate(&reqs).map_err(Box::new)?;
+    Ok(replies
+        .into_iter()
+        .map(|r| {
+            r.map(|r| Generated {
+                tokens: r.tokens,
+                logprobs: r.logprobs,
+                finished: r.finished,
+            })
+        })
+        .collect())
+}
+
 /// The generation inputs of one turn, one entry per live episode.
 struct TurnBatch {
     /// The prompts generated under (plan or hint shown).
@@ -144,6 +198,9 @@ struct TurnBatch {
     unguided: Vec<Option<Vec<u32>>>,
     /// Admissible-action tries (constrained decoding only).
     tries: Vec<TokenTrie>,
+    /// The admissible answers' texts (constrained decoding on an engine
+    /// only).
+    answers: Vec<Vec<String>>,
 }
 
 /// The generation inputs of this turn for the live episodes `idx`.
@@ -158,13 +215,18 @@ fn turn_batch(
         prompts: Vec::with_capacity(idx.len()),
         unguided: Vec::with_capacity(idx.len()),
         tries: Vec::with_capacity(idx.len()),
+        answers: Vec::new(),
     };
+    let on_engine = opts.engine.is_some();
     for &i in idx {
         let l = &live[i];
         let (guided, unguided) = l.turn_prompts(hints[i].as_ref(), fmt, opts)?;
         b.prompts.push(guided);
         b.unguided.push(unguided);
-        if opts.constrained {
+        if opts.constrained && on_engine {
+            b.answers
+                .push(l.admissible.iter().map(|a| fmt.answer_text(a)).collect());
+        } else if opts.constrained {
             b.tries.push(l.action_trie(fmt)?);
         }
     }

@@ -113,6 +113,15 @@ impl<'t> Fmt<'t> {
         }
     }
 
+    /// The text of a well-formed answer `a`, without the stop token (what
+    /// an engine's constraint allows).
+    pub(super) fn answer_text(&self, a: &str) -> String {
+        match self.chat {
+            None => a.to_string(),
+            Some(_) => chat::wrap_action(a),
+        }
+    }
+
     /// Tokens of a well-formed answer `a`, without the stop token.
     pub(super) fn action_ids(&self, a: &str) -> Result<Vec<u32>, ModelError> {
         match self.chat {

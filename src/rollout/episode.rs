@@ -70,8 +70,12 @@ pub struct Episode {
     pub invalid: usize,
     /// Policy turns (prefix turns excluded).
     pub policy_turns: usize,
-    /// Set when the env failed; the episode counts as a failure.
+    /// Set when the env (or the engine) failed; the episode counts as a
+    /// failure and trains nothing.
     pub error: Option<String>,
+    /// The failure was the engine's (a server died or timed out).
+    #[serde(default)]
+    pub engine_failed: bool,
     /// Turns an intervention script hinted, and whether it stopped the
     /// episode.
     pub hints: usize,
@@ -147,6 +151,7 @@ impl<'a> Live<'a> {
                 invalid: 0,
                 policy_turns: 0,
                 error: None,
+                engine_failed: false,
                 hints: 0,
                 stopped: false,
                 actions: Vec::new(),
@@ -330,6 +335,14 @@ impl<'a> Live<'a> {
 
     pub(super) fn fail(&mut self, e: EnvError) {
         self.ep.error = Some(e.to_string());
+        self.done = true;
+    }
+
+    /// The engine failed this turn's generation: the episode ends as a
+    /// failure and, like an env failure, stays out of the learning signal.
+    pub(super) fn fail_engine(&mut self, why: String) {
+        self.ep.error = Some(why);
+        self.ep.engine_failed = true;
         self.done = true;
     }
 

@@ -55,6 +55,11 @@ pub struct RolloutOptions {
     /// run at once, on that many threads; 1 runs them in order. External
     /// envs wait on the network, so their calls overlap (`env.concurrency`).
     pub env_concurrency: usize,
+    /// Generate the policy's turns on engine servers instead of `policy`
+    /// (`rollout.engine`); the policy still encodes prompts and reads
+    /// answers. A request the engine fails ends its episode (recorded as
+    /// an engine failure).
+    pub engine: Option<std::sync::Arc<crate::engine::Engine>>,
 }
 
 impl RolloutOptions {
@@ -88,6 +93,9 @@ pub enum RolloutError {
          ends answers with; set it, or use rollout.format \"chat\""
     )]
     NoEos,
+    /// Every engine server is down.
+    #[error(transparent)]
+    Engine(#[from] Box<crate::engine::EngineError>),
 }
 
 #[cfg(test)]

@@ -23,6 +23,7 @@ fn opts(max_steps: usize, step_slack: Option<usize>) -> RolloutOptions {
         step_slack,
         format: PromptFormat::Plain,
         env_concurrency: 1,
+        engine: None,
     }
 }
 

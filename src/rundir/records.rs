@@ -139,6 +139,9 @@ pub struct StepLine {
     /// "gigpo").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gigpo: Option<StepGigpo>,
+    /// Generation on engine servers (written only with `rollout.engine`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<StepEngine>,
     pub pg_loss: Option<f64>,
     pub aux_loss: Option<f64>,
     pub kl: Option<f64>,
@@ -159,6 +162,41 @@ pub struct StepLine {
     pub state: BTreeMap<String, f64>,
     #[serde(default)]
     pub time: StepTimes,
+}
+
+/// `engine` of a [`StepLine`]: the behaviour mismatch, the weight sync
+/// and the servers of one step.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StepEngine {
+    /// The policy version the step's rollouts were generated at.
+    pub version: u64,
+    /// Mean and largest |log π_old − log π_engine| over the trained
+    /// tokens the engine reported a log-prob for.
+    pub mismatch: f64,
+    pub mismatch_max: f64,
+    /// Mean π_old / π_engine, and the share of tokens above the cap.
+    pub ratio_mean: f64,
+    pub truncated_frac: f64,
+    pub tokens: usize,
+    /// Trained tokens without an engine log-prob (weight 1).
+    pub missing: usize,
+    /// Episodes the engine failed (also in `env_errors.jsonl`).
+    pub failed_episodes: usize,
+    /// Seconds to hand the updated weights to the servers.
+    pub sync_s: f64,
+    /// Servers holding the new version after the sync.
+    pub synced: usize,
+    /// Per server: requests served and failed this step, down now.
+    pub servers: Vec<StepServer>,
+}
+
+/// One server's share of a step.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StepServer {
+    pub url: String,
+    pub served: usize,
+    pub failed: usize,
+    pub down: bool,
 }
 
 impl Record for StepLine {

@@ -228,6 +228,7 @@ mod tests {
             turns,
             invalid: 0,
             error: None,
+            engine_failed: false,
             hints: 0,
             stopped: false,
             actions: vec![],

@@ -32,7 +32,7 @@ pub use loss::{luffy_token_loss, ppo_token_loss};
 pub use optim::{AdamW, AdamWParams, OptimStateError};
 pub use samples::{build_samples, Sample, SampleOptions};
 pub use settings::{Aggregation, Schedule, TrainerSection};
-pub use stats::TrainStats;
+pub use stats::{BehaviourStats, TrainStats};
 pub use trainer::{global_norm, Trainer};
 
 /// Errors of the trainer.

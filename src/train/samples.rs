@@ -29,6 +29,11 @@ pub struct Sample {
     /// Weight of this sample's policy-loss tokens (the `dual` mode's
     /// off-policy term uses `dual_weight`).
     pub weight: f32,
+    /// Truncated importance weights min(π_old / π_engine, C) per target,
+    /// when the tokens came from an engine (empty: weight 1; see
+    /// [`crate::train::Trainer::behaviour_correction`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tis: Vec<f32>,
 }
 
 /// How episodes become samples.
@@ -86,6 +91,7 @@ pub fn build_samples(
                 off_policy: false,
                 forced: false,
                 weight: 1.0,
+                tis: Vec::new(),
             }
         };
         for (ti, t) in ep.turns.iter().enumerate() {
@@ -185,6 +191,7 @@ mod tests {
             invalid: 0,
             policy_turns: 1,
             error: None,
+            engine_failed: false,
             hints: 0,
             stopped: false,
             actions: vec![],
@@ -242,6 +249,7 @@ mod tests {
             invalid: 0,
             policy_turns: 1,
             error: None,
+            engine_failed: false,
             hints: 0,
             stopped: false,
             actions: vec![],

@@ -22,6 +22,38 @@ pub struct TrainStats {
     pub seconds: f64,
 }
 
+/// The engine's behaviour log-probs against the trainer's own
+/// ([`crate::train::Trainer::behaviour_correction`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BehaviourStats {
+    /// Tokens with an engine log-prob.
+    pub tokens: usize,
+    /// Tokens without one (weight 1).
+    pub missing: usize,
+    /// Σ |log π_old − log π_engine|.
+    pub abs_diff_sum: f64,
+    pub max_abs_diff: f64,
+    /// Σ π_old / π_engine.
+    pub ratio_sum: f64,
+    /// Tokens whose ratio exceeded the cap.
+    pub truncated: usize,
+}
+
+impl BehaviourStats {
+    /// Mean |Δ log p| per token.
+    pub fn mean_abs_diff(&self) -> f64 {
+        self.abs_diff_sum / self.tokens.max(1) as f64
+    }
+
+    pub fn mean_ratio(&self) -> f64 {
+        if self.tokens == 0 {
+            1.0
+        } else {
+            self.ratio_sum / self.tokens as f64
+        }
+    }
+}
+
 /// Running sums over the micro-batches of one step.
 #[derive(Default)]
 pub(super) struct Sums {

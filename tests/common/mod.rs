@@ -4,7 +4,13 @@
 #![allow(dead_code)]
 
 use actguide::model::gguf_tokenizer::{TOKEN_TYPE_CONTROL, TOKEN_TYPE_NORMAL};
-use actguide::model::{Family, GgufVocab, ModelConfig};
+use std::path::Path;
+
+use actguide::model::{Arch, Family, GgmlDType, GgufVocab, ModelConfig, Policy};
+use candle_core::quantized::gguf_file::{self, Value};
+use candle_core::Device;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
 
 /// GPT-2's byte → printable-char map (the byte-level BPE alphabet).
 pub fn bytes_to_unicode() -> Vec<char> {
@@ -106,4 +112,34 @@ pub fn family_config(family: Family, tied: bool, qwen3_head_dim: usize) -> Model
         // Peaked enough that greedy choices are not near-ties.
         initializer_range: 0.2,
     }
+}
+
+/// A tiny random llama with a byte-level BPE vocabulary and a ChatML
+/// template in its GGUF metadata.
+pub fn tiny_chat_gguf(path: &Path) {
+    let vocab = synthetic_vocab(Some("smollm"));
+    let cfg = tiny_llama_config(vocab.tokens.len(), 8192);
+    let arch = Arch::from_config(&cfg).unwrap();
+    let p =
+        Policy::new_random_with_arch(&cfg, &arch, &mut ChaCha8Rng::seed_from_u64(9), &Device::Cpu)
+            .unwrap();
+    let plain = path.with_extension("plain.gguf");
+    p.write_gguf(&plain, GgmlDType::F32, Some(&vocab)).unwrap();
+    // Add the chat template (write_gguf does not know one).
+    let mut f = std::fs::File::open(&plain).unwrap();
+    let c = gguf_file::Content::read(&mut f).unwrap();
+    let template = Value::String(
+        "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + \
+         message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}"
+            .into(),
+    );
+    let mut md: Vec<(&str, &Value)> = c.metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    md.push(("tokenizer.chat_template", &template));
+    let tensors: Vec<(String, _)> = c
+        .tensor_infos
+        .keys()
+        .map(|n| (n.clone(), c.tensor(&mut f, n, &Device::Cpu).unwrap()))
+        .collect();
+    let t_refs: Vec<(&str, _)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    gguf_file::write(&mut std::fs::File::create(path).unwrap(), &md, &t_refs).unwrap();
 }

@@ -318,8 +318,9 @@ fn step(envs: &mut Envs, id: u64, body: &Value) -> Result<Value, RequestError> {
     )
 }
 
-/// (method, path, JSON body or null) of one HTTP/1.1 request.
-fn read_request(stream: &mut TcpStream) -> Option<(String, String, Value)> {
+/// (method, path, JSON body or null) of one HTTP/1.1 request (also read
+/// by the reference engine server, `crate::engine::reference`).
+pub(crate) fn read_request(stream: &mut TcpStream) -> Option<(String, String, Value)> {
     let mut reader = BufReader::new(stream.try_clone().ok()?);
     let mut first = String::new();
     reader.read_line(&mut first).ok()?;
@@ -344,7 +345,7 @@ fn read_request(stream: &mut TcpStream) -> Option<(String, String, Value)> {
     Some((method, path, body))
 }
 
-fn respond(stream: &mut TcpStream, code: u16, body: &str) {
+pub(crate) fn respond(stream: &mut TcpStream, code: u16, body: &str) {
     let reason = if code == 200 { "OK" } else { "Bad Request" };
     let _ = write!(
         stream,

@@ -270,6 +270,13 @@ pub struct RolloutSection {
     /// from the tokenizer, and `<action>…</action>` answers ending with the
     /// end-of-turn token); "chatml" / "llama3" force a template.
     pub format: PromptFormat,
+    /// Where the policy's turns are generated: `"builtin"` (this process,
+    /// the default) or an engine map (`crate::engine`, docs/ENGINES.md).
+    #[serde(
+        deserialize_with = "crate::engine::config::engine_field",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub engine: Option<crate::engine::EngineSection>,
 }
 
 impl Default for RolloutSection {
@@ -285,6 +292,7 @@ impl Default for RolloutSection {
             max_action_tokens: 16,
             show_actions: true,
             format: PromptFormat::Plain,
+            engine: None,
         }
     }
 }
@@ -462,6 +470,24 @@ fn check_rollout(file: &str, r: &RolloutSection) -> Result<(), ConfigError> {
             file,
             "rollout.temperature must be > 0 and rollout.top_p in (0, 1]",
         ));
+    }
+    if let Some(e) = &r.engine {
+        e.check().map_err(|m| invalid(file, &m))?;
+        // Engines report log-probs of the raw distribution (temperature
+        // 1): sampling at another temperature would make every token look
+        // off-policy.
+        if r.temperature != 1.0 {
+            return Err(invalid(
+                file,
+                "rollout.engine: engines report log-probs at temperature 1, so rollout.temperature must be 1.0",
+            ));
+        }
+        if r.format == PromptFormat::Plain {
+            return Err(invalid(
+                file,
+                "rollout.engine serves real models: set rollout.format to \"chat\" (the plain format is the tiny model's)",
+            ));
+        }
     }
     Ok(())
 }

@@ -44,6 +44,9 @@ pub enum RunError {
     Ranks(String),
     #[error("data-parallel run: {0}")]
     Collective(#[from] crate::distributed::CollectiveError),
+    /// The engine servers could not start, take weights, or all died.
+    #[error(transparent)]
+    Engine(#[from] Box<crate::engine::EngineError>),
     /// A subprocess env could not supply a panel's expert actions.
     #[error("{}: {source}", panel.display())]
     Experts {

@@ -35,6 +35,9 @@ pub(super) fn run_eval(
         let tasks = &tasks[..n];
         let mut opts = ctx.ropts.clone();
         opts.greedy = e.greedy;
+        // Evaluation runs on the built-in model (the trainer's weights),
+        // engine or not.
+        opts.engine = None;
         // The test panel keeps the stream it always had, so adding a
         // train panel changes no test number.
         let mut labels = vec![seed::label("eval"), step as u64];

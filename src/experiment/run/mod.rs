@@ -243,6 +243,32 @@ fn check_memory(
     Ok(())
 }
 
+/// Start (or reach) the engine servers with the policy of `start_step`:
+/// launched servers start on it; running servers get it by a sync unless
+/// the run starts from its initial policy (which they already serve).
+fn start_engine(
+    ctx: &Ctx,
+    cfg: &crate::engine::EngineSection,
+    start_step: usize,
+) -> Result<crate::engine::Engine, RunError> {
+    let path = &ctx.src.path;
+    let vocab = if path.extension().is_some_and(|e| e == "gguf") {
+        let g = crate::model::GgufFile::open(path)?;
+        Some(crate::model::GgufVocab::from_metadata(
+            g.metadata(),
+            &path.display().to_string(),
+        )?)
+    } else {
+        None
+    };
+    let e = crate::engine::Engine::start(cfg, &ctx.dir.path().join("engine"), &ctx.policy, vocab)
+        .map_err(Box::new)?;
+    if start_step > 0 && cfg.launch.is_none() {
+        e.sync(&ctx.policy, start_step as u64).map_err(Box::new)?;
+    }
+    Ok(e)
+}
+
 /// Run (or resume) an experiment to its step budget.
 pub fn run(
     exp: Experiment,
@@ -286,6 +312,25 @@ pub fn run(
         let r = ranks::Ranks::start(&mut ctx, opts)?;
         on_event(Event::Log(r.describe()));
         ctx.ranks = Some(r);
+    }
+    if let Some(cfg) = ctx.exp.rollout.engine.clone() {
+        if ctx.ranks.is_some() {
+            return Err(RunError::Ranks(
+                "rollout.engine generates on engine servers: run it on one device (no --devices)"
+                    .into(),
+            ));
+        }
+        let e = start_engine(&ctx, &cfg, start_step)?;
+        on_event(Event::Log(format!(
+            "engine: {} {} server(s) ({}), serving step {start_step}'s policy",
+            e.pool().urls().len(),
+            serde_json::to_value(e.pool().api())
+                .ok()
+                .and_then(|v| v.as_str().map(String::from))
+                .unwrap_or_default(),
+            e.pool().urls().join(", ")
+        )));
+        ctx.ropts.engine = Some(Arc::new(e));
     }
     if start_step == 0 && !ctx.evals.iter().any(|(s, _)| *s == 0) {
         spec.begin_step();

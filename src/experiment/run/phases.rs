@@ -38,6 +38,8 @@ pub(super) struct Batch<'a> {
     pub task_count: usize,
     /// Training-group episodes the env failed (not in `episodes`).
     pub env_failed: usize,
+    /// Of those, the episodes the engine failed.
+    pub engine_failed: usize,
 }
 
 /// What the guidance script's update left.

@@ -17,19 +17,21 @@ use super::step_line::step_line;
 use super::timings::{Phase, Timings};
 use super::views::{episode_view, task_view};
 use super::{log_reload, reload_if_edited, Ctx, Event, RunError};
+use crate::engine::Engine;
 use crate::env::{Env, Task};
 use crate::experiment::config::Experiment;
+use crate::experiment::metrics::round;
 use crate::guidance::host::TurnView;
 use crate::guidance::rounds::{drive, DriveReport, Request, TaskRounds};
 use crate::guidance::{GuidanceHost, TaskResult, TaskView};
 use crate::model::{Policy, Tok};
 use crate::rollout::{self, Episode, EpisodeRequest, RolloutError, RolloutOptions};
-use crate::rundir::{EnvErrorLine, StepLine};
+use crate::rundir::{EnvErrorLine, StepEngine, StepLine, StepServer};
 use crate::script::ScriptError;
 use crate::seed;
 use crate::train::{
     build_samples, gigpo_advantages, group_advantages, is_zero_std, AdvantageKind, Advantages,
-    AnchorStats, SampleOptions, TrainStats, Trainer, TrainerSection,
+    AnchorStats, BehaviourStats, SampleOptions, TrainStats, Trainer, TrainerSection,
 };
 
 /// Run one training step; returns its metrics line.
@@ -53,7 +55,7 @@ pub(super) fn train_step(
         .collect();
     let driven = drive_rollouts(ctx, step, &task_idx, &views, make, &timings, on_event)?;
     let batch = build_batch(&ctx.train, &ctx.exp, &task_idx, &driven.groups);
-    let tstats = train(
+    let (tstats, engine) = train(
         &mut ctx.trainer,
         &ctx.policy,
         &ctx.exp,
@@ -61,10 +63,12 @@ pub(super) fn train_step(
         &batch,
         &timings,
         ctx.ranks.as_ref(),
+        ctx.ropts.engine.as_deref(),
     )?;
     let results = task_results(&views, &driven.groups);
     let update = update_script(&mut ctx.host, step, &results, &tstats, &timings, on_event);
-    let line = step_line(ctx, step, &driven, &batch, &tstats, &update, &timings);
+    let mut line = step_line(ctx, step, &driven, &batch, &tstats, &update, &timings);
+    line.engine = engine;
     for r in &update.reverts {
         log_reload(ctx, step, r, on_event)?;
     }
@@ -272,11 +276,13 @@ fn build_batch<'a>(
     let mut episodes: Vec<Episode> = Vec::new();
     let mut group_sizes = Vec::new();
     let mut env_failed = 0usize;
+    let mut engine_failed = 0usize;
     for (&ti, g) in task_idx.iter().zip(groups) {
         // Episodes the env failed say nothing about the policy: they leave
         // the group before advantages (and success) are computed.
         let (ok, failed): (Vec<_>, Vec<_>) = g.training().partition(|r| r.ep.error.is_none());
         env_failed += failed.len();
+        engine_failed += failed.iter().filter(|r| r.ep.engine_failed).count();
         group_sizes.push(ok.len());
         for r in ok {
             tasks.push(&train[ti]);
@@ -292,6 +298,7 @@ fn build_batch<'a>(
         anchors,
         task_count: task_idx.len(),
         env_failed,
+        engine_failed,
     }
 }
 
@@ -349,7 +356,9 @@ fn task_results(views: &[TaskView], groups: &[TaskRounds<Episode>]) -> Vec<TaskR
         .collect()
 }
 
-/// One policy update on the batch.
+/// One policy update on the batch; with an engine, the behaviour
+/// correction before it and the weight sync after it.
+#[allow(clippy::too_many_arguments)]
 fn train(
     trainer: &mut Trainer,
     policy: &Policy,
@@ -358,7 +367,8 @@ fn train(
     batch: &Batch,
     timings: &Timings,
     ranks: Option<&Ranks>,
-) -> Result<TrainStats, RunError> {
+    engine: Option<&Engine>,
+) -> Result<(TrainStats, Option<StepEngine>), RunError> {
     let t = &exp.trainer;
     let sopts = SampleOptions {
         with_aux: t.aux_nll_coef > 0.0,
@@ -367,10 +377,19 @@ fn train(
         train_prefix: t.train_prefix,
         protect_forced: t.protect_forced,
     };
-    let samples = build_samples(&batch.episodes, &batch.advantages, &sopts);
+    let mut samples = build_samples(&batch.episodes, &batch.advantages, &sopts);
     if let Some(r) = ranks {
         r.train(step, &samples)?;
     }
+    let behaviour = match engine {
+        Some(e) => {
+            let t0 = Instant::now();
+            let b = trainer.behaviour_correction(policy, &mut samples, e.settings().tis_cap)?;
+            timings.add(Phase::Train, t0.elapsed().as_secs_f64());
+            Some(b)
+        }
+        None => None,
+    };
     let mut trng = seed::rng(exp.seed, &[seed::label("train"), step as u64]);
     let tstats = trainer.step(policy, &samples, step, &mut trng)?;
     timings.add(Phase::Train, tstats.seconds);
@@ -391,7 +410,48 @@ fn train(
             value,
         });
     }
-    Ok(tstats)
+    let engine = match (engine, behaviour) {
+        (Some(e), Some(b)) => Some(engine_step(e, policy, step, batch, &b)?),
+        _ => None,
+    };
+    Ok((tstats, engine))
+}
+
+/// After the update: hand the weights to the servers (version `step + 1`)
+/// and report the step's engine figures.
+fn engine_step(
+    e: &Engine,
+    policy: &Policy,
+    step: usize,
+    batch: &Batch,
+    b: &BehaviourStats,
+) -> Result<StepEngine, RunError> {
+    let version = e.pool().version();
+    let servers = e
+        .pool()
+        .take_counts()
+        .into_iter()
+        .map(|c| StepServer {
+            url: c.url,
+            served: c.served,
+            failed: c.failed,
+            down: c.down,
+        })
+        .collect();
+    let sync = e.sync(policy, step as u64 + 1).map_err(Box::new)?;
+    Ok(StepEngine {
+        version,
+        mismatch: round(b.mean_abs_diff()),
+        mismatch_max: round(b.max_abs_diff),
+        ratio_mean: round(b.mean_ratio()),
+        truncated_frac: round(b.truncated as f64 / b.tokens.max(1) as f64),
+        tokens: b.tokens,
+        missing: b.missing,
+        failed_episodes: batch.engine_failed,
+        sync_s: round(sync.seconds),
+        synced: sync.synced,
+        servers,
+    })
 }
 
 /// The script update with per-task results (and the step's losses).

@@ -97,6 +97,8 @@ pub(super) fn step_line(
         )
         .filter(|&n| n > 0),
         env_info: env_info(episodes),
+        // Filled in by the step after the weight sync.
+        engine: None,
         gigpo: batch.anchors.map(|a| StepGigpo {
             anchor_groups: Some(a.shared_groups),
             anchor_turns: Some(a.shared_turns),

@@ -1,0 +1,307 @@
+//! Rollouts on engine servers (`rollout.engine`):
+//! - the request and reply shapes of llama.cpp, vLLM and SGLang against
+//!   recorded bodies from their documentation and sources
+//!   (`tests/fixtures/engines/`);
+//! - a LoRA run whose rollouts come from two launched servers (the
+//!   reference server, `actguide engine-reference`, which samples from the
+//!   same policy): the engine's behaviour log-probs match the trainer's own
+//!   before and after each weight sync, and every step's weights reach the
+//!   servers;
+//! - one of two servers killed mid-run: the run completes, the dead
+//!   server's episodes are reported, nothing else is lost;
+//! - the same run on a real llama.cpp server when one is built
+//!   (scripts/build-llama-server.sh), skipped with a message otherwise.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use actguide::engine::{Api, Request};
+use actguide::experiment::{self, Event, Experiment, RunOptions};
+use serde_json::Value;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn fixture(name: &str) -> Value {
+    let p = root().join("tests/fixtures/engines").join(name);
+    serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap()
+}
+
+/// Every key of our request body is a documented key of the engine's
+/// (the recorded request), with a value of the same JSON type.
+fn assert_documented(ours: &Value, doc: &Value, what: &str) {
+    let (Some(o), Some(d)) = (ours.as_object(), doc.as_object()) else {
+        panic!("{what}: not objects");
+    };
+    for (k, v) in o {
+        let dv = d
+            .get(k)
+            .unwrap_or_else(|| panic!("{what}: `{k}` is not in the documented request"));
+        let kind = |v: &Value| match v {
+            Value::Number(_) => "number",
+            Value::String(_) => "string",
+            Value::Bool(_) => "bool",
+            Value::Array(_) => "array",
+            Value::Object(_) => "object",
+            Value::Null => "null",
+        };
+        assert_eq!(kind(v), kind(dv), "{what}: `{k}` has another type");
+        if v.is_object() {
+            assert_documented(v, dv, &format!("{what}.{k}"));
+        }
+    }
+}
+
+#[test]
+fn request_and_reply_shapes_match_the_engines_documented_bodies() {
+    let answers = vec!["Hello!".to_string(), "Goodbye.".to_string()];
+    let prompt = [151644u32, 872, 198, 9707, 151645, 198, 151644, 77091, 198];
+    let req = Request {
+        prompt: &prompt,
+        answers: Some(&answers),
+        max_new_tokens: 16,
+        temperature: 1.0,
+        top_p: 1.0,
+        stop: 151645,
+        seed: 1234,
+        model: "adapter_a",
+    };
+    let vllm = Api::Vllm.body(&req);
+    assert_documented(&vllm, &fixture("vllm_completions_request.json"), "vLLM");
+    assert_eq!(
+        vllm["structured_outputs"]["choice"],
+        serde_json::json!(answers)
+    );
+    let sgl = Api::Sglang.body(&req);
+    assert_documented(&sgl, &fixture("sglang_generate_request.json"), "SGLang");
+    assert_eq!(
+        sgl["sampling_params"]["regex"],
+        fixture("sglang_generate_request.json")["sampling_params"]["regex"]
+    );
+    let lcpp = Api::LlamaCpp.body(&req);
+    let doc = fixture("llamacpp_completion_request.json");
+    for k in lcpp.as_object().unwrap().keys() {
+        // top_k/min_p/typical_p/repeat_penalty switch llama.cpp's default
+        // samplers off; its README documents them with the others.
+        let extra = ["top_k", "min_p", "typical_p", "repeat_penalty", "stream"];
+        assert!(
+            doc.get(k).is_some() || extra.contains(&k.as_str()),
+            "llama.cpp: `{k}` is not in the documented request"
+        );
+    }
+
+    // Replies: the three generated tokens and their log-probs; vLLM and
+    // SGLang report the stop token too here, so nothing is appended.
+    let r = Api::Vllm
+        .parse(&fixture("vllm_completions_response.json"), 151645)
+        .unwrap();
+    assert_eq!(r.tokens, vec![9707, 0, 151645]);
+    assert_eq!(r.logprobs, vec![-0.9163, 0.0, 0.0]);
+    assert!(r.finished);
+    let r = Api::Sglang
+        .parse(&fixture("sglang_generate_response.json"), 151645)
+        .unwrap();
+    assert_eq!(r.tokens, vec![9707, 0, 151645]);
+    assert_eq!(r.logprobs, vec![-0.9163, 0.0, 0.0]);
+    assert!(r.finished);
+    let r = Api::LlamaCpp
+        .parse(&fixture("llamacpp_completion_response.json"), 151645)
+        .unwrap();
+    assert_eq!(r.tokens, vec![9707, 0, 151645]);
+    assert_eq!(r.logprobs.len(), 3);
+    assert!(r.finished);
+    // A reply that ended without reporting the stop token gets it, with
+    // no behaviour log-prob (NaN).
+    let mut v = fixture("sglang_generate_response.json");
+    v["meta_info"]["output_token_logprobs"] = serde_json::json!([[-0.5, 9707, null]]);
+    let r = Api::Sglang.parse(&v, 151645).unwrap();
+    assert_eq!(r.tokens, vec![9707, 151645]);
+    assert!(r.logprobs[1].is_nan());
+}
+
+/// A wrapper that starts `program` in llama-server's place (the run passes
+/// llama-server's flags to it).
+fn server_program(dir: &Path, program: &str, pre: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let p = dir.join("server.sh");
+    std::fs::write(&p, format!("#!/bin/sh\nexec {program} {pre} \"$@\"\n")).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    p
+}
+
+fn engine_exp(runs: &Path, gguf: &Path, program: &Path, count: usize, steps: usize) -> Experiment {
+    let r = root().display().to_string();
+    Experiment::from_source(
+        "engine.rhai",
+        &format!(
+            r#"#{{
+                name: "engine", seed: 3, steps: {steps}, runs_dir: "{runs}",
+                model: #{{ path: "{g}", lora: #{{ rank: 4, alpha: 8.0 }} }},
+                env: #{{ train: "{r}/envs/household/train.jsonl", test: "{r}/envs/household/test.jsonl", max_steps: 3 }},
+                guidance: #{{ script: "{r}/scripts/guidance/gaussian.rhai", clusters: 3 }},
+                rollout: #{{
+                    format: "chat", tasks_per_step: 3, group_size: 4, history: 0, show_actions: false,
+                    engine: #{{ kind: "openai", api: "llama.cpp", timeout_s: 60.0, max_concurrency: 2,
+                               launch: #{{ program: "{p}", count: {count} }} }},
+                }},
+                trainer: #{{ lr: 0.05, micro_batch: 16, aux_nll_coef: 1.0 }},
+                evaluation: #{{ every: 0, max_tasks: 1, samples: 1 }},
+                checkpoint: #{{ every: 0 }},
+            }}"#,
+            runs = runs.display(),
+            g = gguf.display(),
+            p = program.display(),
+        ),
+    )
+    .expect("valid experiment")
+}
+
+fn metrics(run_dir: &Path) -> Vec<Value> {
+    std::fs::read_to_string(run_dir.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn rollouts_on_launched_servers_match_the_trainers_log_probs_across_syncs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let gguf = tmp.path().join("tiny-chat.gguf");
+    common::tiny_chat_gguf(&gguf);
+    let prog = server_program(
+        tmp.path(),
+        env!("CARGO_BIN_EXE_actguide"),
+        "engine-reference",
+    );
+    let e = engine_exp(tmp.path(), &gguf, &prog, 2, 3);
+    let s = experiment::run(e, &RunOptions::default(), &mut |_| {}).unwrap();
+    let m = metrics(&s.run_dir);
+    assert_eq!(m.len(), 3);
+    for (i, line) in m.iter().enumerate() {
+        let en = &line["engine"];
+        eprintln!("step {i}: grad_norm {} engine {en}", line["grad_norm"]);
+        // Rollouts of step i come from the weights after step i's sync.
+        assert_eq!(en["version"], i as u64, "{en}");
+        assert!(en["tokens"].as_u64().unwrap() > 0, "{en}");
+        // The reference server samples from the same weights: only float
+        // noise between batched and single-sequence scoring remains. A
+        // server still on the previous step's weights would be far off
+        // (lr 0.05).
+        let mm = en["mismatch_max"].as_f64().unwrap();
+        assert!(
+            mm < 1e-3,
+            "step {i}: behaviour log-probs differ by {mm}: {en}"
+        );
+        assert_eq!(en["failed_episodes"], 0);
+        assert_eq!(en["synced"], 2);
+        let served: u64 = en["servers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["served"].as_u64().unwrap())
+            .sum();
+        assert!(served > 0);
+        assert!(line["episodes"].as_u64().unwrap() == 12, "{line}");
+    }
+    // The weights changed every step (the auxiliary NLL on executed
+    // expert actions trains even when no rollout succeeds).
+    assert!(m.iter().all(|l| l["grad_norm"].as_f64().unwrap() > 0.0));
+    assert!(s.run_dir.join("engine/policy-v000003.gguf").is_file());
+    assert!(!s.run_dir.join("engine/policy-v000001.gguf").exists());
+}
+
+#[test]
+fn a_killed_server_fails_its_episodes_and_the_run_goes_on() {
+    let tmp = tempfile::tempdir().unwrap();
+    let gguf = tmp.path().join("tiny-chat.gguf");
+    common::tiny_chat_gguf(&gguf);
+    let prog = server_program(
+        tmp.path(),
+        env!("CARGO_BIN_EXE_actguide"),
+        "engine-reference",
+    );
+    let e = engine_exp(tmp.path(), &gguf, &prog, 2, 4);
+    let run_dir = e.run_dir();
+    // Kill server 0 when step 1 has ended (its sync has restarted both
+    // servers and rewritten servers.json), before step 2's rollouts.
+    let mut dead = String::new();
+    let mut on_event = |ev: Event| {
+        if let Event::Step { step: 0, .. } = ev {
+            let v: Value = serde_json::from_str(
+                &std::fs::read_to_string(run_dir.join("engine/servers.json")).unwrap(),
+            )
+            .unwrap();
+            let pid = v["pids"][0].as_u64().unwrap();
+            dead = v["urls"][0].as_str().unwrap().to_string();
+            let ok = std::process::Command::new("kill")
+                .args(["-9", &pid.to_string()])
+                .status()
+                .unwrap()
+                .success();
+            assert!(ok);
+        }
+    };
+    let s = experiment::run(e, &RunOptions::default(), &mut on_event).unwrap();
+    assert_eq!(s.steps_done, 4, "the run completed");
+    let m = metrics(&s.run_dir);
+    let failed: u64 = m
+        .iter()
+        .map(|l| l["engine"]["failed_episodes"].as_u64().unwrap())
+        .sum();
+    assert!(failed >= 1, "the dead server's episodes are reported");
+    // Nothing else is lost: every step trained on all episodes but the
+    // failed ones.
+    for l in &m {
+        let eps = l["episodes"].as_u64().unwrap();
+        let f = l["engine"]["failed_episodes"].as_u64().unwrap();
+        assert_eq!(eps + f, 12, "{l}");
+        assert_eq!(l["env_errors"].as_u64().unwrap(), f);
+    }
+    let errors = std::fs::read_to_string(s.run_dir.join("env_errors.jsonl")).unwrap();
+    assert!(
+        errors.contains(&format!("engine {dead}")),
+        "the failures name the server: {errors}"
+    );
+    // The restart at the next sync brought the killed server back.
+    let last = &m[3]["engine"];
+    assert_eq!(last["synced"], 2, "{last}");
+}
+
+/// `ACTGUIDE_LLAMA_SERVER`, else the build script's output.
+fn llama_server() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("ACTGUIDE_LLAMA_SERVER") {
+        return Some(PathBuf::from(p));
+    }
+    let p = root().join(".llama-server/bin/llama-server");
+    p.is_file().then_some(p)
+}
+
+#[test]
+fn rollouts_on_a_real_llama_cpp_server_match_the_trainers_log_probs() {
+    let Some(server) = llama_server() else {
+        eprintln!(
+            "SKIPPED: no llama.cpp server (run scripts/build-llama-server.sh, or set ACTGUIDE_LLAMA_SERVER)"
+        );
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let gguf = tmp.path().join("tiny-chat.gguf");
+    common::tiny_chat_gguf(&gguf);
+    let e = engine_exp(tmp.path(), &gguf, &server, 1, 3);
+    let s = experiment::run(e, &RunOptions::default(), &mut |_| {}).unwrap();
+    let m = metrics(&s.run_dir);
+    assert_eq!(m.len(), 3);
+    for (i, line) in m.iter().enumerate() {
+        let en = &line["engine"];
+        assert_eq!(en["version"], i as u64);
+        assert_eq!(en["failed_episodes"], 0, "{en}");
+        // llama.cpp computes in its own kernels (f32 weights here): the
+        // log-probs agree to a few 1e-3.
+        let mm = en["mismatch"].as_f64().unwrap();
+        assert!(mm < 5e-3, "step {i}: mean |Δ log p| {mm}: {en}");
+        assert!(en["tokens"].as_u64().unwrap() > 0);
+    }
+}
