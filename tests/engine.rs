@@ -305,3 +305,130 @@ fn rollouts_on_a_real_llama_cpp_server_match_the_trainers_log_probs() {
         assert!(en["tokens"].as_u64().unwrap() > 0);
     }
 }
+
+/// A stand-in vLLM server: answers `/v1/completions` with the stop token
+/// alone (log-prob −1) and accepts adapters on `/v1/load_lora_adapter`
+/// with a plain-text reply, as vLLM does; records every request.
+fn fake_vllm(log: std::sync::Arc<std::sync::Mutex<Vec<(String, Value)>>>) -> String {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let log = log.clone();
+            std::thread::spawn(move || {
+                let mut r = BufReader::new(stream.try_clone().unwrap());
+                let mut first = String::new();
+                r.read_line(&mut first).unwrap();
+                let path = first.split_whitespace().nth(1).unwrap_or("").to_string();
+                let mut len = 0usize;
+                loop {
+                    let mut h = String::new();
+                    if r.read_line(&mut h).unwrap() == 0 || h == "\r\n" {
+                        break;
+                    }
+                    let lower = h.to_ascii_lowercase();
+                    if let Some(v) = lower.strip_prefix("content-length:") {
+                        len = v.trim().parse().unwrap();
+                    }
+                }
+                let mut buf = vec![0u8; len];
+                r.read_exact(&mut buf).unwrap();
+                let body: Value = serde_json::from_slice(&buf).unwrap_or(Value::Null);
+                log.lock().unwrap().push((path.clone(), body.clone()));
+                let (ctype, reply) = match path.as_str() {
+                    "/v1/completions" => (
+                        "application/json",
+                        serde_json::json!({
+                            "choices": [{
+                                "index": 0, "text": "",
+                                "logprobs": {"tokens": ["token_id:2"], "token_logprobs": [-1.0],
+                                             "top_logprobs": null, "text_offset": [0]},
+                                "finish_reason": "stop", "token_ids": [2]
+                            }]
+                        })
+                        .to_string(),
+                    ),
+                    _ => (
+                        "text/plain",
+                        "Success: LoRA adapter loaded successfully.".to_string(),
+                    ),
+                };
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 200 OK\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{reply}",
+                    reply.len()
+                );
+            });
+        }
+    });
+    url
+}
+
+#[test]
+fn vllm_adapters_are_loaded_after_each_step_and_requests_name_them() {
+    let tmp = tempfile::tempdir().unwrap();
+    let gguf = tmp.path().join("tiny-chat.gguf");
+    common::tiny_chat_gguf(&gguf);
+    let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let url = fake_vllm(log.clone());
+    let r = root().display().to_string();
+    let e = Experiment::from_source(
+        "vllm.rhai",
+        &format!(
+            r#"#{{
+                name: "vllm", seed: 3, steps: 2, runs_dir: "{runs}",
+                model: #{{ path: "{g}", lora: #{{ rank: 4, alpha: 8.0 }} }},
+                env: #{{ train: "{r}/envs/household/train.jsonl", test: "{r}/envs/household/test.jsonl", max_steps: 2 }},
+                guidance: #{{ script: "{r}/scripts/guidance/zero_rl.rhai" }},
+                rollout: #{{
+                    format: "chat", tasks_per_step: 2, group_size: 2, history: 0, show_actions: false,
+                    engine: #{{ kind: "openai", api: "vllm", servers: ["{url}"], model: "org/tiny", tis_cap: 2.0 }},
+                }},
+                trainer: #{{ lr: 0.01 }},
+                evaluation: #{{ every: 0, max_tasks: 1, samples: 1 }},
+                checkpoint: #{{ every: 0 }},
+            }}"#,
+            runs = tmp.path().display(),
+            g = gguf.display(),
+        ),
+    )
+    .unwrap();
+    let s = experiment::run(e, &RunOptions::default(), &mut |_| {}).unwrap();
+    let log = log.lock().unwrap();
+    let completions: Vec<&Value> = log
+        .iter()
+        .filter(|(p, _)| p == "/v1/completions")
+        .map(|(_, b)| b)
+        .collect();
+    // Step 1 asks the base model, step 2 the adapter loaded after step 1.
+    let models: std::collections::BTreeSet<&str> = completions
+        .iter()
+        .map(|b| b["model"].as_str().unwrap())
+        .collect();
+    assert_eq!(models, ["org/tiny", "tiny-v1"].into_iter().collect());
+    assert!(completions.iter().all(|b| b["structured_outputs"]["choice"]
+        .as_array()
+        .is_some_and(|c| !c.is_empty())));
+    let loads: Vec<&Value> = log
+        .iter()
+        .filter(|(p, _)| p == "/v1/load_lora_adapter")
+        .map(|(_, b)| b)
+        .collect();
+    assert_eq!(loads.len(), 2, "one adapter per optimiser step");
+    assert_eq!(loads[0]["lora_name"], "tiny-v1");
+    assert_eq!(loads[1]["lora_name"], "tiny-v2");
+    // The adapter of the last step is a PEFT folder on disk.
+    let last = PathBuf::from(loads[1]["lora_path"].as_str().unwrap());
+    assert!(last.join("adapter_config.json").is_file());
+    assert!(log
+        .iter()
+        .any(|(p, b)| p == "/v1/unload_lora_adapter" && b["lora_name"] == "tiny-v1"));
+    // The engine's log-probs (−1) are not the policy's: the mismatch and
+    // the truncated weights are reported.
+    let m = metrics(&s.run_dir);
+    let en = &m[0]["engine"];
+    assert!(en["mismatch"].as_f64().unwrap() > 0.0, "{en}");
+    assert_eq!(en["synced"], 1);
+}

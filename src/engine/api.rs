@@ -100,6 +100,7 @@ impl Api {
                     "n": 1,
                     "logprobs": 0,
                     "return_tokens_as_token_ids": true,
+                    "return_token_ids": true,
                     "stop_token_ids": [r.stop],
                     "skip_special_tokens": false,
                     "include_stop_str_in_output": true,
@@ -246,6 +247,13 @@ fn parse_vllm(v: &Value) -> Result<EngineReply, String> {
         .iter()
         .map(logprob)
         .collect::<Result<Vec<_>, _>>()?;
+    // `token_ids` (with `return_token_ids`, vLLM ≥ 0.10.2) must agree.
+    if let Some(ids) = c.get("token_ids").and_then(Value::as_array) {
+        let ids: Vec<u32> = ids.iter().map(token_id).collect::<Result<_, _>>()?;
+        if ids != tokens {
+            return Err("`token_ids` and `logprobs.tokens` disagree".into());
+        }
+    }
     let finished = c.get("finish_reason").and_then(Value::as_str) == Some("stop");
     Ok(EngineReply {
         tokens,

@@ -105,6 +105,14 @@ impl Engine {
         vocab: Option<GgufVocab>,
     ) -> Result<Self, EngineError> {
         cfg.check().map_err(EngineError::Setup)?;
+        if cfg.api == Api::Vllm && policy.lora().is_none() {
+            // vLLM reloads full weights only from the path it was started
+            // with (dev-mode `/collective_rpc reload_weights`).
+            return Err(EngineError::Setup(
+                "vLLM takes new weights at run time as LoRA adapters only: set model.lora (or use SGLang, which reloads full weights from disk)"
+                    .into(),
+            ));
+        }
         std::fs::create_dir_all(dir)?;
         let (urls, launched) = match &cfg.launch {
             Some(l) => {
@@ -227,6 +235,11 @@ impl Engine {
                         let _ = self.pool.post_to(i, route, &json!({ "lora_name": old }));
                     }
                 }
+                // The servers hold `version` now: the previous folder
+                // (a full HF model without LoRA) is no longer read.
+                if version > 0 && failed.len() < n {
+                    let _ = std::fs::remove_dir_all(self.dir.join(format!("v{:06}", version - 1)));
+                }
             }
         }
         let synced = n - failed.len();
@@ -274,18 +287,11 @@ impl Engine {
         } else {
             policy.save_hf_dir(&dir, None)?;
             let path = dir.display().to_string();
-            Ok(match api {
-                // vLLM reloads weights from disk through its collective
-                // RPC (`--enable-dev-mode`); SGLang has a route for it.
-                Api::Vllm => (
-                    "/collective_rpc".into(),
-                    json!({ "method": "reload_weights", "kwargs": { "weights_path": path } }),
-                ),
-                _ => (
-                    "/update_weights_from_disk".into(),
-                    json!({ "model_path": path }),
-                ),
-            })
+            // SGLang (vLLM is refused at start).
+            Ok((
+                "/update_weights_from_disk".into(),
+                json!({ "model_path": path }),
+            ))
         }
     }
 }

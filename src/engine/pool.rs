@@ -302,13 +302,15 @@ impl Pool {
             .map_err(|e| CallError::Reply(format!("reply is not JSON ({e}): {}", short(&text))))
     }
 
-    /// POST `body` to `route` of server `i` (weight sync); the reply's
-    /// JSON or why it failed.
+    /// POST `body` to `route` of server `i` (weight sync): the reply's
+    /// JSON (a 2xx reply that is not JSON, as vLLM's adapter routes send,
+    /// comes back as a string), or why it failed.
     pub fn post_to(&self, i: usize, route: &str, body: &Value) -> Result<Value, String> {
-        self.post(&format!("{}{route}", self.urls[i]), body)
-            .map_err(|e| match e {
-                CallError::Server(m) | CallError::Reply(m) => m,
-            })
+        match self.post(&format!("{}{route}", self.urls[i]), body) {
+            Ok(v) => Ok(v),
+            Err(CallError::Reply(m)) if m.starts_with("reply is not JSON") => Ok(Value::String(m)),
+            Err(CallError::Server(m) | CallError::Reply(m)) => Err(m),
+        }
     }
 
     /// Whether server `i` answers its health route with 200 now.
