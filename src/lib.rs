@@ -32,10 +32,12 @@
 //! - [`report`]: figures, markdown and HTML reports of runs;
 //! - [`bench`]: throughput of the whole loop;
 //! - [`bench_model`]: raw decode / train throughput of a model;
+//! - [`bench_rollouts`]: rollout throughput, built in vs on an engine;
 //! - [`device_check`]: a device computes and trains like the CPU.
 
 pub mod bench;
 pub mod bench_model;
+pub mod bench_rollouts;
 pub mod device_check;
 pub mod distributed;
 pub mod engine;

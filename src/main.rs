@@ -92,6 +92,9 @@ enum Cmd {
     /// llama-server's flags): a stand-in rollout engine with the policy's
     /// exact log-probs, for tests of `rollout.engine`.
     EngineReference(cli::engine::EngineReferenceArgs),
+    /// Rollout throughput of an experiment's model: built-in generation
+    /// against its `rollout.engine` with 1, 2, … servers.
+    BenchRollouts(cli::engine::BenchRolloutsArgs),
     /// A rank of a data-parallel run (`run --devices`); started by rank 0.
     #[command(hide = true)]
     DpWorker(cli::run::WorkerArgs),
@@ -124,5 +127,6 @@ fn dispatch(cmd: Cmd) -> Result<()> {
         Cmd::CheckDevice(a) => cli::model::check_device(a),
         Cmd::DpWorker(a) => cli::run::dp_worker(a),
         Cmd::EngineReference(a) => cli::engine::engine_reference(a),
+        Cmd::BenchRollouts(a) => cli::engine::bench_rollouts(a),
     }
 }

@@ -432,3 +432,32 @@ fn vllm_adapters_are_loaded_after_each_step_and_requests_name_them() {
     assert!(en["mismatch"].as_f64().unwrap() > 0.0, "{en}");
     assert_eq!(en["synced"], 1);
 }
+
+#[test]
+fn bench_rollouts_measures_builtin_and_one_and_two_servers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let gguf = tmp.path().join("tiny-chat.gguf");
+    common::tiny_chat_gguf(&gguf);
+    let prog = server_program(
+        tmp.path(),
+        env!("CARGO_BIN_EXE_actguide"),
+        "engine-reference",
+    );
+    let e = engine_exp(tmp.path(), &gguf, &prog, 1, 1);
+    let b = actguide::bench_rollouts::run(&e, 1, &[1, 2], &tmp.path().join("work")).unwrap();
+    let shape: Vec<(&str, usize)> = b
+        .rows
+        .iter()
+        .map(|r| (r.generation.as_str(), r.servers))
+        .collect();
+    assert_eq!(shape, vec![("builtin", 0), ("engine", 1), ("engine", 2)]);
+    for r in &b.rows {
+        assert_eq!(r.episodes, 12);
+        assert_eq!(r.failed, 0, "{r:?}");
+        assert!(
+            r.generated_tokens > 0 && r.generated_tokens_per_s > 0.0,
+            "{r:?}"
+        );
+    }
+    assert!(b.to_string().contains("| engine | 2 |"));
+}

@@ -22,3 +22,29 @@ pub fn engine_reference(a: EngineReferenceArgs) -> Result<()> {
     pool.install(|| server.run());
     Ok(())
 }
+
+#[derive(Args)]
+pub struct BenchRolloutsArgs {
+    /// An experiment file; its model, panel, rollout settings and
+    /// `rollout.engine` are measured.
+    experiment: std::path::PathBuf,
+    /// Rollout rounds per setting.
+    #[arg(long, default_value_t = 2)]
+    rounds: usize,
+    /// Server counts to measure launched engines with (default: the
+    /// experiment's).
+    #[arg(long, value_delimiter = ',')]
+    servers: Vec<usize>,
+    /// Where server logs and weight files go.
+    #[arg(long, default_value = "runs/bench-rollouts")]
+    work: std::path::PathBuf,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn bench_rollouts(a: BenchRolloutsArgs) -> Result<()> {
+    let exp = actguide::experiment::Experiment::load(&a.experiment)?;
+    let report = actguide::bench_rollouts::run(&exp, a.rounds, &a.servers, &a.work)?;
+    super::print_report(&report, a.json)
+}

@@ -296,6 +296,19 @@ impl Engine {
     }
 }
 
+/// The GGUF vocabulary of a `.gguf` model path (what launched llama.cpp
+/// servers get written into their GGUF files), else none.
+pub fn gguf_vocab(path: &Path) -> Result<Option<GgufVocab>, crate::model::ModelError> {
+    if path.extension().is_none_or(|e| e != "gguf") {
+        return Ok(None);
+    }
+    let g = crate::model::GgufFile::open(path)?;
+    Ok(Some(GgufVocab::from_metadata(
+        g.metadata(),
+        &path.display().to_string(),
+    )?))
+}
+
 /// The served adapter name of `version`.
 pub fn adapter_name(model: &str, version: u64) -> String {
     let base = model.rsplit('/').next().unwrap_or(model);

@@ -251,16 +251,7 @@ fn start_engine(
     cfg: &crate::engine::EngineSection,
     start_step: usize,
 ) -> Result<crate::engine::Engine, RunError> {
-    let path = &ctx.src.path;
-    let vocab = if path.extension().is_some_and(|e| e == "gguf") {
-        let g = crate::model::GgufFile::open(path)?;
-        Some(crate::model::GgufVocab::from_metadata(
-            g.metadata(),
-            &path.display().to_string(),
-        )?)
-    } else {
-        None
-    };
+    let vocab = crate::engine::gguf_vocab(&ctx.src.path)?;
     let e = crate::engine::Engine::start(cfg, &ctx.dir.path().join("engine"), &ctx.policy, vocab)
         .map_err(Box::new)?;
     if start_step > 0 && cfg.launch.is_none() {
