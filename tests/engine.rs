@@ -131,6 +131,15 @@ fn server_program(dir: &Path, program: &str, pre: &str) -> PathBuf {
     p
 }
 
+/// The tiny chat GGUF and a program that serves it with the reference
+/// server, in `dir`.
+fn tiny_with_reference(dir: &Path) -> (PathBuf, PathBuf) {
+    let gguf = dir.join("tiny-chat.gguf");
+    common::tiny_chat_gguf(&gguf);
+    let prog = server_program(dir, env!("CARGO_BIN_EXE_actguide"), "engine-reference");
+    (gguf, prog)
+}
+
 fn engine_exp(runs: &Path, gguf: &Path, program: &Path, count: usize, steps: usize) -> Experiment {
     let r = root().display().to_string();
     Experiment::from_source(
@@ -169,20 +178,13 @@ fn metrics(run_dir: &Path) -> Vec<Value> {
 #[test]
 fn rollouts_on_launched_servers_match_the_trainers_log_probs_across_syncs() {
     let tmp = tempfile::tempdir().unwrap();
-    let gguf = tmp.path().join("tiny-chat.gguf");
-    common::tiny_chat_gguf(&gguf);
-    let prog = server_program(
-        tmp.path(),
-        env!("CARGO_BIN_EXE_actguide"),
-        "engine-reference",
-    );
+    let (gguf, prog) = tiny_with_reference(tmp.path());
     let e = engine_exp(tmp.path(), &gguf, &prog, 2, 3);
     let s = experiment::run(e, &RunOptions::default(), &mut |_| {}).unwrap();
     let m = metrics(&s.run_dir);
     assert_eq!(m.len(), 3);
     for (i, line) in m.iter().enumerate() {
         let en = &line["engine"];
-        eprintln!("step {i}: grad_norm {} engine {en}", line["grad_norm"]);
         // Rollouts of step i come from the weights after step i's sync.
         assert_eq!(en["version"], i as u64, "{en}");
         assert!(en["tokens"].as_u64().unwrap() > 0, "{en}");
@@ -216,13 +218,7 @@ fn rollouts_on_launched_servers_match_the_trainers_log_probs_across_syncs() {
 #[test]
 fn a_killed_server_fails_its_episodes_and_the_run_goes_on() {
     let tmp = tempfile::tempdir().unwrap();
-    let gguf = tmp.path().join("tiny-chat.gguf");
-    common::tiny_chat_gguf(&gguf);
-    let prog = server_program(
-        tmp.path(),
-        env!("CARGO_BIN_EXE_actguide"),
-        "engine-reference",
-    );
+    let (gguf, prog) = tiny_with_reference(tmp.path());
     let e = engine_exp(tmp.path(), &gguf, &prog, 2, 4);
     let run_dir = e.run_dir();
     // Kill server 0 when step 1 has ended (its sync has restarted both
@@ -436,13 +432,7 @@ fn vllm_adapters_are_loaded_after_each_step_and_requests_name_them() {
 #[test]
 fn bench_rollouts_measures_builtin_and_one_and_two_servers() {
     let tmp = tempfile::tempdir().unwrap();
-    let gguf = tmp.path().join("tiny-chat.gguf");
-    common::tiny_chat_gguf(&gguf);
-    let prog = server_program(
-        tmp.path(),
-        env!("CARGO_BIN_EXE_actguide"),
-        "engine-reference",
-    );
+    let (gguf, prog) = tiny_with_reference(tmp.path());
     let e = engine_exp(tmp.path(), &gguf, &prog, 1, 1);
     let b = actguide::bench_rollouts::run(&e, 1, &[1, 2], &tmp.path().join("work")).unwrap();
     let shape: Vec<(&str, usize)> = b
