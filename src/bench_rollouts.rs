@@ -74,12 +74,13 @@ impl std::fmt::Display for RolloutBench {
 
 /// Measure `rounds` rollout rounds built in, then on the experiment's
 /// engine with each server count of `servers` (launched llama.cpp
-/// servers; running servers are measured as listed). Server logs and
-/// weights go to `work`.
+/// servers, `threads` each when given; running servers are measured as
+/// listed). Server logs and weights go to `work`.
 pub fn run(
     exp: &Experiment,
     rounds: usize,
     servers: &[usize],
+    threads: Option<usize>,
     work: &Path,
 ) -> Result<RolloutBench, RunError> {
     let device = policies::device(exp)?;
@@ -139,6 +140,7 @@ pub fn run(
             let threads = match c.launch.as_mut() {
                 Some(l) => {
                     l.count = n;
+                    l.threads = threads.unwrap_or(l.threads).max(1);
                     l.threads
                 }
                 None => 0,

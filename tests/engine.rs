@@ -434,7 +434,8 @@ fn bench_rollouts_measures_builtin_and_one_and_two_servers() {
     let tmp = tempfile::tempdir().unwrap();
     let (gguf, prog) = tiny_with_reference(tmp.path());
     let e = engine_exp(tmp.path(), &gguf, &prog, 1, 1);
-    let b = actguide::bench_rollouts::run(&e, 1, &[1, 2], &tmp.path().join("work")).unwrap();
+    let b =
+        actguide::bench_rollouts::run(&e, 1, &[1, 2], Some(1), &tmp.path().join("work")).unwrap();
     let shape: Vec<(&str, usize)> = b
         .rows
         .iter()

@@ -35,6 +35,9 @@ pub struct BenchRolloutsArgs {
     /// experiment's).
     #[arg(long, value_delimiter = ',')]
     servers: Vec<usize>,
+    /// Threads per launched server (default: the experiment's).
+    #[arg(long)]
+    threads: Option<usize>,
     /// Where server logs and weight files go.
     #[arg(long, default_value = "runs/bench-rollouts")]
     work: std::path::PathBuf,
@@ -45,6 +48,6 @@ pub struct BenchRolloutsArgs {
 
 pub fn bench_rollouts(a: BenchRolloutsArgs) -> Result<()> {
     let exp = actguide::experiment::Experiment::load(&a.experiment)?;
-    let report = actguide::bench_rollouts::run(&exp, a.rounds, &a.servers, &a.work)?;
+    let report = actguide::bench_rollouts::run(&exp, a.rounds, &a.servers, a.threads, &a.work)?;
     super::print_report(&report, a.json)
 }
