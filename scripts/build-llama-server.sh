@@ -26,14 +26,11 @@ if [ ! -x "$dir/venv/bin/cmake" ]; then
 fi
 src="$dir/llama_cpp_python-$ver"
 if [ ! -d "$src/vendor/llama.cpp" ]; then
-    # The source package only (building it as a wheel would compile the
-    # Python bindings too): pip fetches it without building.
-    "$dir/venv/bin/pip" download -q --disable-pip-version-check --no-deps \
-        --no-binary :all: --no-build-isolation -d "$dir" "llama-cpp-python==$ver" >&2 || true
     tarball="$dir/llama_cpp_python-$ver.tar.gz"
     if [ ! -f "$tarball" ]; then
-        # pip may refuse to prepare the sdist's metadata without its build
-        # backend; the registry's JSON API names the same file.
+        # The source package alone, named by the registry's JSON API (pip
+        # would prepare it with its build backend, which builds the Python
+        # bindings too).
         url="$("$dir/venv/bin/python" - "$ver" <<'EOF'
 import json, sys, urllib.parse, urllib.request
 base = "https://pypi.org/pypi/llama-cpp-python/" + sys.argv[1] + "/json"

@@ -294,6 +294,7 @@ fn rollouts_on_a_real_llama_cpp_server_match_the_trainers_log_probs() {
         let en = &line["engine"];
         assert_eq!(en["version"], i as u64);
         assert_eq!(en["failed_episodes"], 0, "{en}");
+        eprintln!("llama.cpp step {i}: engine {en}");
         // llama.cpp computes in its own kernels (f32 weights here): the
         // log-probs agree to a few 1e-3.
         let mm = en["mismatch"].as_f64().unwrap();

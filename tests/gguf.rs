@@ -344,6 +344,12 @@ fn gguf_tokenizer_round_trips_through_a_file() {
     let g = GgufFile::open(&path).unwrap();
     let back = GgufVocab::from_metadata(g.metadata(), "x").unwrap();
     assert_eq!(back, vocab);
+    // Every key once: the header's key count (bytes 16..24) equals the
+    // distinct keys read back (llama.cpp refuses a repeated key; candle's
+    // reader would keep the last one silently).
+    let raw = std::fs::read(&path).unwrap();
+    let kv_count = u64::from_le_bytes(raw[16..24].try_into().unwrap());
+    assert_eq!(kv_count as usize, g.metadata().len());
     let tok = Tok::from_gguf(&path).unwrap();
     assert_eq!(tok.vocab_size(), vocab.tokens.len());
     let direct = Tok::from_gguf_vocab(&vocab, &path).unwrap();

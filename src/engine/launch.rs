@@ -104,6 +104,19 @@ impl Launched {
         Ok(())
     }
 
+    /// The last lines of server `i`'s log, for messages.
+    fn log_tail(&self, i: usize) -> String {
+        let text =
+            std::fs::read_to_string(self.dir.join(format!("server-{i}.log"))).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+        let tail = lines[lines.len().saturating_sub(25)..].join(" | ");
+        if tail.is_empty() {
+            String::new()
+        } else {
+            format!(" — log: {tail}")
+        }
+    }
+
     fn write_pids(&self) -> Result<(), EngineError> {
         let v = serde_json::json!({ "urls": self.urls(), "pids": self.pids() });
         std::fs::write(self.dir.join("servers.json"), v.to_string())?;
@@ -116,7 +129,11 @@ impl Launched {
         let bad: Vec<String> = ready
             .iter()
             .enumerate()
-            .filter_map(|(i, r)| r.as_ref().err().map(|e| format!("server {i}: {e}")))
+            .filter_map(|(i, r)| {
+                r.as_ref()
+                    .err()
+                    .map(|e| format!("server {i}: {e}{}", self.log_tail(i)))
+            })
             .collect();
         if bad.is_empty() {
             Ok(())

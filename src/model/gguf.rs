@@ -511,7 +511,13 @@ fn token_metadata(cfg: &ModelConfig, vocab: Option<&GgufVocab>) -> Result<Vec<(S
                 _ => {}
             }
         }
-        md.extend(v.to_metadata());
+        // The special-token ids are written once, below, as reconciled
+        // here: llama.cpp refuses a file with a key twice.
+        md.extend(
+            v.to_metadata()
+                .into_iter()
+                .filter(|(k, _)| !ids.iter().any(|(k2, _)| k2 == k)),
+        );
     }
     for (key, id) in ids {
         if let Some(id) = id {
