@@ -28,19 +28,25 @@ src="$dir/llama_cpp_python-$ver"
 if [ ! -d "$src/vendor/llama.cpp" ]; then
     tarball="$dir/llama_cpp_python-$ver.tar.gz"
     if [ ! -f "$tarball" ]; then
-        # The source package alone, named by the registry's JSON API (pip
-        # would prepare it with its build backend, which builds the Python
-        # bindings too).
-        url="$("$dir/venv/bin/python" - "$ver" <<'EOF'
-import json, sys, urllib.parse, urllib.request
-base = "https://pypi.org/pypi/llama-cpp-python/" + sys.argv[1] + "/json"
-with urllib.request.urlopen(base, timeout=60) as r:
-    meta = json.load(r)
-sd = [u for u in meta["urls"] if u["packagetype"] == "sdist"][0]
-print(urllib.parse.urljoin(base, sd["url"]))
+        # The source package alone, from the registry's simple index (PEP
+        # 691, what pip reads), checked against its sha256. (`pip download`
+        # would prepare it with its build backend first.)
+        "$dir/venv/bin/python" - "$ver" "$tarball" <<'EOF'
+import hashlib, json, sys, urllib.request
+ver, out = sys.argv[1], sys.argv[2]
+req = urllib.request.Request(
+    "https://pypi.org/simple/llama-cpp-python/",
+    headers={"Accept": "application/vnd.pypi.simple.v1+json"},
+)
+with urllib.request.urlopen(req, timeout=60) as r:
+    files = json.load(r)["files"]
+f = [f for f in files if f["filename"] == f"llama_cpp_python-{ver}.tar.gz"][0]
+urllib.request.urlretrieve(f["url"], out + ".part")
+digest = hashlib.sha256(open(out + ".part", "rb").read()).hexdigest()
+if digest != f["hashes"]["sha256"]:
+    sys.exit(f"sha256 mismatch for {f['filename']}")
+import os; os.replace(out + ".part", out)
 EOF
-)"
-        "$dir/venv/bin/python" -c "import sys, urllib.request; urllib.request.urlretrieve(sys.argv[1], sys.argv[2])" "$url" "$tarball"
     fi
     tar -xzf "$tarball" -C "$dir"
 fi
