@@ -139,6 +139,9 @@ struct StepFigures {
     step_s: f64,
     rollout_tokens_per_s: f64,
     train_tokens_per_s: f64,
+    /// With `rollout.engine`: (mean |Δ log p| against the engine, episodes
+    /// it failed, seconds of the weight sync).
+    engine: Option<(f64, usize, f64)>,
 }
 
 /// The one place that reads fields of a step's metrics line (absent
@@ -154,6 +157,10 @@ fn step_figures(m: &StepLine) -> StepFigures {
         step_s: z(t.step_s),
         rollout_tokens_per_s: z(t.rollout_tokens_per_s),
         train_tokens_per_s: z(t.train_tokens_per_s),
+        engine: m
+            .engine
+            .as_ref()
+            .map(|e| (e.mismatch, e.failed_episodes, e.sync_s)),
     }
 }
 
@@ -168,7 +175,7 @@ impl StepFigures {
 
     /// A plain step line (after `step N/M | `).
     fn line(&self) -> String {
-        format!(
+        let mut l = format!(
             "train success {:.2} | guided {:.2} depth {:.2} | zero-std {:.2} | {:.1}s/step | {:.0} rollout tok/s {:.0} train tok/s",
             self.success,
             self.guided_frac,
@@ -177,7 +184,13 @@ impl StepFigures {
             self.step_s,
             self.rollout_tokens_per_s,
             self.train_tokens_per_s,
-        )
+        );
+        if let Some((mismatch, failed, sync_s)) = self.engine {
+            l.push_str(&format!(
+                " | engine |Δlogp| {mismatch:.4}, {failed} failed, sync {sync_s:.1}s"
+            ));
+        }
+        l
     }
 }
 
