@@ -453,3 +453,23 @@ fn bench_rollouts_measures_builtin_and_one_and_two_servers() {
     }
     assert!(b.to_string().contains("| engine | 2 |"));
 }
+
+#[test]
+fn an_engine_run_on_several_devices_is_refused_before_anything_starts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (gguf, prog) = tiny_with_reference(tmp.path());
+    let e = engine_exp(tmp.path(), &gguf, &prog, 1, 1);
+    let run_dir = e.run_dir();
+    let opts = RunOptions {
+        devices: vec![
+            actguide::model::device::DeviceSpec::Cpu,
+            actguide::model::device::DeviceSpec::Cpu,
+        ],
+        ..RunOptions::default()
+    };
+    let err = experiment::run(e, &opts, &mut |_| {})
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("run it on one device"), "{err}");
+    assert!(!run_dir.exists(), "nothing was started");
+}

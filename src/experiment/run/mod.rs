@@ -305,12 +305,7 @@ pub fn run(
         ctx.ranks = Some(r);
     }
     if let Some(cfg) = ctx.exp.rollout.engine.clone() {
-        if ctx.ranks.is_some() {
-            return Err(RunError::Ranks(
-                "rollout.engine generates on engine servers: run it on one device (no --devices)"
-                    .into(),
-            ));
-        }
+        // (`ranks::check` refused `--devices` with an engine.)
         let e = start_engine(&ctx, &cfg, start_step)?;
         on_event(Event::Log(format!(
             "engine: {} {} server(s) ({}), serving step {start_step}'s policy",

@@ -132,6 +132,12 @@ pub(super) fn check(exp: &Experiment, devices: &[DeviceSpec]) -> Result<(), RunE
                 .into(),
         ));
     }
+    if exp.rollout.engine.is_some() {
+        return Err(RunError::Ranks(
+            "rollout.engine generates on engine servers: run it on one device (no --devices)"
+                .into(),
+        ));
+    }
     Ok(())
 }
 
