@@ -260,6 +260,30 @@ fn start_engine(
     Ok(e)
 }
 
+/// With `rollout.engine`: start (or reach) its servers and hand them to the
+/// training rollouts. (`ranks::check` refused `--devices` with an engine.)
+fn attach_engine(
+    ctx: &mut Ctx,
+    start_step: usize,
+    on_event: &mut dyn FnMut(Event),
+) -> Result<(), RunError> {
+    let Some(cfg) = ctx.exp.rollout.engine.clone() else {
+        return Ok(());
+    };
+    let e = start_engine(ctx, &cfg, start_step)?;
+    on_event(Event::Log(format!(
+        "engine: {} {} server(s) ({}), serving step {start_step}'s policy",
+        e.pool().urls().len(),
+        serde_json::to_value(e.pool().api())
+            .ok()
+            .and_then(|v| v.as_str().map(String::from))
+            .unwrap_or_default(),
+        e.pool().urls().join(", ")
+    )));
+    ctx.ropts.engine = Some(Arc::new(e));
+    Ok(())
+}
+
 /// Run (or resume) an experiment to its step budget.
 pub fn run(
     exp: Experiment,
@@ -304,20 +328,7 @@ pub fn run(
         on_event(Event::Log(r.describe()));
         ctx.ranks = Some(r);
     }
-    if let Some(cfg) = ctx.exp.rollout.engine.clone() {
-        // (`ranks::check` refused `--devices` with an engine.)
-        let e = start_engine(&ctx, &cfg, start_step)?;
-        on_event(Event::Log(format!(
-            "engine: {} {} server(s) ({}), serving step {start_step}'s policy",
-            e.pool().urls().len(),
-            serde_json::to_value(e.pool().api())
-                .ok()
-                .and_then(|v| v.as_str().map(String::from))
-                .unwrap_or_default(),
-            e.pool().urls().join(", ")
-        )));
-        ctx.ropts.engine = Some(Arc::new(e));
-    }
+    attach_engine(&mut ctx, start_step, on_event)?;
     if start_step == 0 && !ctx.evals.iter().any(|(s, _)| *s == 0) {
         spec.begin_step();
         run_eval(&mut ctx, 0, &make, on_event)?;
