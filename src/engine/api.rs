@@ -17,6 +17,7 @@
 use serde_json::{json, Value};
 
 use super::EngineReply;
+use crate::env::external::short;
 
 /// The engine server API (`rollout.engine.api`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -153,7 +154,7 @@ impl Api {
                 reply.logprobs.len()
             ));
         }
-        // vLLM and SGLang leave a matched stop token out of the tokens.
+        // An engine may leave the matched stop token out of the tokens.
         if reply.finished && reply.tokens.last() != Some(&stop) {
             reply.tokens.push(stop);
             reply.logprobs.push(f32::NAN);
@@ -164,16 +165,7 @@ impl Api {
 
 fn field<'v>(v: &'v Value, key: &str) -> Result<&'v Value, String> {
     v.get(key)
-        .ok_or_else(|| format!("reply has no `{key}`: {}", excerpt(v)))
-}
-
-/// The start of a reply, for error messages.
-fn excerpt(v: &Value) -> String {
-    let s = v.to_string();
-    match s.char_indices().nth(200) {
-        Some((i, _)) => format!("{}…", &s[..i]),
-        None => s,
-    }
+        .ok_or_else(|| format!("reply has no `{key}`: {}", short(v)))
 }
 
 fn token_id(v: &Value) -> Result<u32, String> {
@@ -227,7 +219,7 @@ fn parse_llamacpp(v: &Value) -> Result<EngineReply, String> {
 fn parse_vllm(v: &Value) -> Result<EngineReply, String> {
     let c = field(v, "choices")?
         .get(0)
-        .ok_or_else(|| format!("reply has no choice: {}", excerpt(v)))?;
+        .ok_or_else(|| format!("reply has no choice: {}", short(v)))?;
     let lp = field(c, "logprobs")?;
     let toks = field(lp, "tokens")?
         .as_array()

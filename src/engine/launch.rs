@@ -109,7 +109,7 @@ impl Launched {
         let text =
             std::fs::read_to_string(self.dir.join(format!("server-{i}.log"))).unwrap_or_default();
         let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-        let tail = lines[lines.len().saturating_sub(25)..].join(" | ");
+        let tail = lines[lines.len().saturating_sub(10)..].join(" | ");
         if tail.is_empty() {
             String::new()
         } else {

@@ -137,20 +137,16 @@ impl Engine {
             cfg.max_concurrency,
             Duration::from_secs_f64(cfg.retry_s),
         );
-        let e = Engine {
+        // Version 0 is what every server was started with or already
+        // serves (the run's initial policy): the pool starts there.
+        Ok(Engine {
             cfg: cfg.clone(),
             pool,
             launched,
             dir: dir.to_path_buf(),
             vocab,
             lora: policy.lora().is_some(),
-        };
-        // Version 0 is what every server was started with or already
-        // serves (the run's initial policy).
-        for i in 0..e.pool.urls().len() {
-            e.pool.mark_synced(i, 0);
-        }
-        Ok(e)
+        })
     }
 
     pub fn settings(&self) -> &EngineSection {

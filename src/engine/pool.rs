@@ -13,6 +13,7 @@ use serde_json::Value;
 
 use super::api::{Api, Request};
 use super::{EngineError, EngineReply};
+use crate::env::external::short_text as short;
 
 /// The longest back-off.
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
@@ -43,8 +44,9 @@ struct State {
     version: u64,
 }
 
-/// Per-server counters since the last [`Pool::take_counts`].
-#[derive(Debug, Clone, Default, PartialEq)]
+/// Per-server counters since the last [`Pool::take_counts`] (a step's
+/// `engine.servers` in `metrics.jsonl`).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ServerCounts {
     pub url: String,
     pub served: usize,
@@ -60,6 +62,17 @@ enum CallError {
     Server(String),
     /// The server answered, but not with a usable reply.
     Reply(String),
+    /// A 2xx reply that is not JSON (the text, and why it did not parse).
+    NotJson(String, String),
+}
+
+impl CallError {
+    fn message(self) -> String {
+        match self {
+            CallError::Server(m) | CallError::Reply(m) => m,
+            CallError::NotJson(text, why) => format!("reply is not JSON ({why}): {}", short(&text)),
+        }
+    }
 }
 
 impl Pool {
@@ -217,11 +230,7 @@ impl Pool {
                         Some(i) => {
                             let r = self.call(i, &reqs[k]);
                             self.release(i, &r);
-                            r.map_err(|e| match e {
-                                CallError::Server(m) | CallError::Reply(m) => {
-                                    format!("engine {}: {m}", self.urls[i])
-                                }
-                            })
+                            r.map_err(|e| format!("engine {}: {}", self.urls[i], e.message()))
                         }
                     };
                     out.lock().unwrap_or_else(|e| e.into_inner())[k] = Some(r);
@@ -298,8 +307,7 @@ impl Pool {
         if status >= 400 {
             return Err(CallError::Reply(format!("HTTP {status}: {}", short(&text))));
         }
-        serde_json::from_str(&text)
-            .map_err(|e| CallError::Reply(format!("reply is not JSON ({e}): {}", short(&text))))
+        serde_json::from_str(&text).map_err(|e| CallError::NotJson(text, e.to_string()))
     }
 
     /// POST `body` to `route` of server `i` (weight sync): the reply's
@@ -308,8 +316,8 @@ impl Pool {
     pub fn post_to(&self, i: usize, route: &str, body: &Value) -> Result<Value, String> {
         match self.post(&format!("{}{route}", self.urls[i]), body) {
             Ok(v) => Ok(v),
-            Err(CallError::Reply(m)) if m.starts_with("reply is not JSON") => Ok(Value::String(m)),
-            Err(CallError::Server(m) | CallError::Reply(m)) => Err(m),
+            Err(CallError::NotJson(text, _)) => Ok(Value::String(text)),
+            Err(e) => Err(e.message()),
         }
     }
 
@@ -317,13 +325,5 @@ impl Pool {
     pub fn healthy(&self, i: usize) -> bool {
         let url = format!("{}{}", self.urls[i], self.api.health_route());
         matches!(self.agent.get(&url).call(), Ok(r) if r.status().as_u16() == 200)
-    }
-}
-
-/// The start of a reply text, for messages.
-fn short(s: &str) -> String {
-    match s.char_indices().nth(200) {
-        Some((i, _)) => format!("{}…", &s[..i]),
-        None => s.to_string(),
     }
 }

@@ -41,7 +41,7 @@ pub use jsonl::Record;
 pub use lock::RunLock;
 pub use records::{
     EnvErrorLine, EvalLine, EvalTimes, ReloadLine, StepEngine, StepGigpo, StepLine, StepRounds,
-    StepServer, StepTimes, SuccessBreakdown,
+    StepTimes, SuccessBreakdown,
 };
 
 /// The resolved experiment of a run.

@@ -187,16 +187,7 @@ pub struct StepEngine {
     /// Servers holding the new version after the sync.
     pub synced: usize,
     /// Per server: requests served and failed this step, down now.
-    pub servers: Vec<StepServer>,
-}
-
-/// One server's share of a step.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct StepServer {
-    pub url: String,
-    pub served: usize,
-    pub failed: usize,
-    pub down: bool,
+    pub servers: Vec<crate::engine::ServerCounts>,
 }
 
 impl Record for StepLine {

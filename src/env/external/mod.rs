@@ -95,14 +95,14 @@ pub(crate) fn strings(v: Option<&Value>) -> Vec<String> {
 
 /// At most 200 characters of a value, for error messages.
 pub(crate) fn short(v: &Value) -> String {
-    let s = v.to_string();
-    if s.len() > 200 {
-        format!(
-            "{}…",
-            &s[..s.char_indices().nth(200).map_or(s.len(), |c| c.0)]
-        )
-    } else {
-        s
+    short_text(&v.to_string())
+}
+
+/// At most 200 characters of a text, for error messages.
+pub(crate) fn short_text(s: &str) -> String {
+    match s.char_indices().nth(200) {
+        Some((i, _)) => format!("{}…", &s[..i]),
+        None => s.to_string(),
     }
 }
 

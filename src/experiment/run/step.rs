@@ -26,7 +26,7 @@ use crate::guidance::rounds::{drive, DriveReport, Request, TaskRounds};
 use crate::guidance::{GuidanceHost, TaskResult, TaskView};
 use crate::model::{Policy, Tok};
 use crate::rollout::{self, Episode, EpisodeRequest, RolloutError, RolloutOptions};
-use crate::rundir::{EnvErrorLine, StepEngine, StepLine, StepServer};
+use crate::rundir::{EnvErrorLine, StepEngine, StepLine};
 use crate::script::ScriptError;
 use crate::seed;
 use crate::train::{
@@ -427,17 +427,7 @@ fn engine_step(
     b: &BehaviourStats,
 ) -> Result<StepEngine, RunError> {
     let version = e.pool().version();
-    let servers = e
-        .pool()
-        .take_counts()
-        .into_iter()
-        .map(|c| StepServer {
-            url: c.url,
-            served: c.served,
-            failed: c.failed,
-            down: c.down,
-        })
-        .collect();
+    let servers = e.pool().take_counts();
     let sync = e.sync(policy, step as u64 + 1).map_err(Box::new)?;
     Ok(StepEngine {
         version,
