@@ -363,7 +363,7 @@ pub fn run_with(
             "actguide (candle, {}, {})",
             policy.precision(),
             match policy.device() {
-                Device::Cpu => "CPU".to_string(),
+                Device::Cpu => format!("CPU, matmul: {}", crate::model::matmul_backend()),
                 d => format!("{d:?}"),
             }
         ),

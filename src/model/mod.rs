@@ -65,6 +65,7 @@ pub use gguf::{gguf_config, GgmlDType, GgufFile};
 pub use gguf_tokenizer::GgufVocab;
 pub use llama::{GenerateOptions, Generated, Policy, ScoreBatch, ScoreOutput};
 pub use lora::{LoraConfig, Proj};
+pub use ops::matmul_backend;
 pub use precision::Precision;
 pub use source::ModelSource;
 pub use tokenizer::Tok;

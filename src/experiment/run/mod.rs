@@ -307,6 +307,12 @@ pub fn run(
         train_tasks: ctx.train.len(),
         test_tasks: ctx.test.len(),
     });
+    if ctx.policy.device().is_cpu() {
+        on_event(Event::Log(format!(
+            "CPU matmul: {}",
+            crate::model::matmul_backend()
+        )));
+    }
     for w in warnings {
         on_event(Event::Log(w));
     }

@@ -251,5 +251,5 @@ impl Policy {
 
 /// `x (rows, in) @ w.T` for an HF `(out, in)` weight.
 pub(in crate::model) fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
-    Ok(x.matmul(&w.t()?)?)
+    ops::linear(x, w)
 }

@@ -1,10 +1,21 @@
-//! `x Wᵀ` for a frozen weight: the gradient flows to `x` only (LoRA's
-//! base projections).
+//! `x Wᵀ` for an HF `(out, in)` weight: on the CPU through the run-time
+//! BLAS when one is loaded (forward and backward), else candle's matmul;
+//! and the frozen-weight form whose gradient flows to `x` only (LoRA's base
+//! projections).
 
-use candle_core::{CpuStorage, CustomOp1, Device, Layout, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, Device, Layout, Shape, Storage, Tensor};
 
+use super::blas::{blas, Blas};
 use super::{f32_slice, fused};
 use crate::model::error::Result;
+
+/// `x (rows, in) @ wᵀ` for an HF `(out, in)` weight, differentiable in both.
+pub(crate) fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    if let Some(y) = blas_linear(x, w)? {
+        return Ok(y);
+    }
+    Ok(x.matmul(&w.t()?)?)
+}
 
 /// `x (rows, in) @ wᵀ` for a frozen HF `(out, in)` weight, differentiable
 /// in `x` only. candle's matmul backward always computes the gradient of
@@ -13,10 +24,99 @@ use crate::model::error::Result;
 /// computes just `dx = dy @ w`.
 pub(crate) fn frozen_linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     let w = w.detach();
+    if let Some(y) = blas_linear(x, &w)? {
+        return Ok(y);
+    }
     if fused(x) && x.rank() == 2 {
         return Ok(x.contiguous()?.apply_op1(FrozenLinear { w })?);
     }
     Ok(x.matmul(&w.t()?)?)
+}
+
+/// The BLAS product when a BLAS is loaded and both operands are f32 CPU
+/// matrices; `None` leaves the product to candle.
+fn blas_linear(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
+    let Some(blas) = blas() else { return Ok(None) };
+    if !(fused(x) && fused(w) && x.rank() == 2 && w.rank() == 2) {
+        return Ok(None);
+    }
+    Ok(Some(
+        x.contiguous()?
+            .apply_op2(&w.contiguous()?, BlasLinear { blas })?,
+    ))
+}
+
+/// `y = x wᵀ`; backward `dx = dy w` and `dw = dyᵀ x`, each only when that
+/// operand is tracked (a detached weight gets no product).
+struct BlasLinear {
+    blas: &'static Blas,
+}
+
+impl CustomOp2 for BlasLinear {
+    fn name(&self) -> &'static str {
+        "actguide-blas-linear"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (x, w) = (
+            f32_slice(s1, l1, self.name())?,
+            f32_slice(s2, l2, self.name())?,
+        );
+        let ((m, k), (n, k2)) = (l1.shape().dims2()?, l2.shape().dims2()?);
+        if k != k2 {
+            candle_core::bail!(
+                "{}: x {:?} against w {:?}",
+                self.name(),
+                l1.shape(),
+                l2.shape()
+            );
+        }
+        let y = self.blas.gemm(false, true, m, n, k, x, w);
+        Ok((CpuStorage::F32(y), Shape::from((m, n))))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _res: &Tensor,
+        dy: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+        let ((m, k), (n, _)) = (x.dims2()?, w.dims2()?);
+        let dy = dy.contiguous()?;
+        let dx = if x.track_op() {
+            let v = with_f32(&dy, |g| {
+                with_f32(w, |w| self.blas.gemm(false, false, m, k, n, g, w))
+            })??;
+            Some(Tensor::from_vec(v, (m, k), &Device::Cpu)?)
+        } else {
+            None
+        };
+        let dw = if w.track_op() {
+            let v = with_f32(&dy, |g| {
+                with_f32(x, |x| self.blas.gemm(true, false, n, k, m, g, x))
+            })??;
+            Some(Tensor::from_vec(v, (n, k), &Device::Cpu)?)
+        } else {
+            None
+        };
+        Ok((dx, dw))
+    }
+}
+
+/// Runs `f` on the f32 elements of a contiguous CPU tensor, without a copy.
+fn with_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> candle_core::Result<R> {
+    let (storage, layout) = t.storage_and_layout();
+    match &*storage {
+        Storage::Cpu(s) => Ok(f(f32_slice(s, layout, "actguide-blas-linear")?)),
+        _ => candle_core::bail!("actguide-blas-linear: CPU tensors only"),
+    }
 }
 
 struct FrozenLinear {

@@ -16,6 +16,7 @@
 
 use candle_core::{CpuStorage, DType, Layout, Tensor};
 
+mod blas;
 mod linear;
 mod logp;
 mod norm;
@@ -23,7 +24,8 @@ mod rope;
 mod softmax;
 mod swiglu;
 
-pub(crate) use linear::frozen_linear;
+pub use blas::matmul_backend;
+pub(crate) use linear::{frozen_linear, linear};
 pub(crate) use logp::logp_entropy;
 pub(crate) use norm::rms_norm;
 pub(crate) use rope::{rope_heads_first, RopeTables};
@@ -55,13 +57,16 @@ fn fused(x: &Tensor) -> bool {
 /// Below this many elements the kernels run on the calling thread.
 const PAR_MIN_ELEMS: usize = 1 << 16;
 
-/// Runs `f(row_index, row)` over the rows of `out`, split across threads.
+/// Runs `f(row_index, row)` over the rows of `out`, split across the
+/// current rayon pool's threads. (Persistent pool threads: a fresh OS thread
+/// per op faulted in a new 2 MB huge-page stack each time, which the kernel
+/// zeroes; that was ~15 % of a SmolLM2 train step in `perf`.)
 fn par_rows(out: &mut [f32], row_len: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
     if row_len == 0 {
         return;
     }
     let n_rows = out.len() / row_len;
-    let threads = candle_core::utils::get_num_threads().min(n_rows).max(1);
+    let threads = rayon::current_num_threads().min(n_rows).max(1);
     if threads <= 1 || out.len() < PAR_MIN_ELEMS {
         for (r, row) in out.chunks_mut(row_len).enumerate() {
             f(r, row);
@@ -69,10 +74,10 @@ fn par_rows(out: &mut [f32], row_len: usize, f: impl Fn(usize, &mut [f32]) + Syn
         return;
     }
     let rows_per = n_rows.div_ceil(threads);
-    std::thread::scope(|sc| {
+    rayon::scope(|sc| {
         for (ci, chunk) in out.chunks_mut(rows_per * row_len).enumerate() {
             let f = &f;
-            sc.spawn(move || {
+            sc.spawn(move |_| {
                 for (k, row) in chunk.chunks_mut(row_len).enumerate() {
                     f(ci * rows_per + k, row);
                 }

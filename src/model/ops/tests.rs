@@ -43,6 +43,88 @@ fn frozen_linear_matches_matmul_without_a_weight_gradient() {
     assert!(g2.get(w.as_tensor()).is_some());
 }
 
+/// The run-time BLAS product against candle's matmul, forward and both
+/// gradients, at shapes that take the serial call, the row split and the
+/// column split (n not a multiple of the 16-column blocks).
+#[test]
+fn blas_linear_matches_matmul_forward_and_backward() {
+    let Some(b) = blas::blas() else {
+        println!("SKIPPED: no BLAS found (scripts/install-mkl.sh, or ACTGUIDE_BLAS)");
+        return;
+    };
+    println!("BLAS: {}", b.name);
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+    for (m, k, n) in [(7, 5, 4), (200, 96, 128), (4, 1024, 300), (3, 700, 1000)] {
+        let x = randn(&mut rng, &[m, k]);
+        let w = randn(&mut rng, &[n, k]);
+        let up = randn(&mut rng, &[n, 3]);
+        let y1 = linear(x.as_tensor(), w.as_tensor()).unwrap();
+        let y2 = x.as_tensor().matmul(&w.as_tensor().t().unwrap()).unwrap();
+        let tol = 1e-5 * k as f32;
+        assert!(
+            max_diff(&y1, &y2) < tol,
+            "{m}x{k}x{n}: y differs by {}",
+            max_diff(&y1, &y2)
+        );
+        let loss = |y: &Tensor| {
+            y.matmul(up.as_tensor())
+                .unwrap()
+                .sqr()
+                .unwrap()
+                .sum_all()
+                .unwrap()
+        };
+        let (g1, g2) = (loss(&y1).backward().unwrap(), loss(&y2).backward().unwrap());
+        for (what, v) in [("dx", &x), ("dw", &w)] {
+            let (a, b) = (
+                g1.get(v.as_tensor()).unwrap(),
+                g2.get(v.as_tensor()).unwrap(),
+            );
+            let scale = b
+                .abs()
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .max(0)
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap();
+            assert!(scale > 0.0, "{what}: zero gradient");
+            assert!(
+                max_diff(a, b) < 1e-5 * scale * k.max(n) as f32,
+                "{m}x{k}x{n}: {what} differs by {}",
+                max_diff(a, b)
+            );
+        }
+        // A frozen weight: the BLAS op computes dx only.
+        let g = loss(&frozen_linear(x.as_tensor(), w.as_tensor()).unwrap())
+            .backward()
+            .unwrap();
+        assert!(
+            g.get(w.as_tensor()).is_none(),
+            "the frozen weight got a gradient"
+        );
+        let (a, b) = (
+            g.get(x.as_tensor()).unwrap(),
+            g2.get(x.as_tensor()).unwrap(),
+        );
+        let scale = b
+            .abs()
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .max(0)
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        assert!(
+            max_diff(a, b) < 1e-5 * scale * n as f32,
+            "{m}x{k}x{n}: frozen dx differs by {} (scale {scale})",
+            max_diff(a, b)
+        );
+    }
+}
+
 fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
     (a - b)
         .unwrap()

@@ -1,0 +1,282 @@
+//! A BLAS for the CPU trunk's matrix products, loaded at run time.
+//!
+//! candle's pure-Rust `gemm` uses AVX2 FMA kernels only; on a CPU with
+//! AVX-512 (and AMX for bf16) Intel's MKL computes the same f32 products
+//! about 1.6× faster (measured on this project's 2-core machine: ~320 against
+//! ~200 GFLOP/s at `(2048, 576) × (576, 1536)`). The library is opened with
+//! `dlopen` at the first product, so the default build needs nothing
+//! installed and runs anywhere: without a BLAS every product stays on
+//! candle's gemm.
+//!
+//! Where it looks, first hit wins:
+//! 1. `ACTGUIDE_BLAS`: a library path, or `off` (also `0`, `none`) to keep
+//!    candle's gemm;
+//! 2. `.mkl/lib/libmkl_rt.so.*` in the source tree this binary was built
+//!    from (what `scripts/install-mkl.sh` installs from PyPI's `mkl` wheel);
+//! 3. `libmkl_rt.so.3` / `.2` and OpenBLAS's `libopenblas.so.0` on the
+//!    loader's search path (`LD_LIBRARY_PATH`, Debian's `libopenblas0`).
+//!
+//! A library is only taken on a CPU with AVX2 and FMA (where candle's gemm
+//! is already the fast path otherwise, a BLAS buys nothing certain), and
+//! after a self-test product agrees with a naive one.
+//!
+//! The library runs single-threaded: products are split into column (or
+//! row) blocks over the current rayon pool, the same threads candle's other
+//! CPU ops use, so no OpenMP pool spins against them (and `--jobs N`
+//! comparisons keep one pool per entry).
+
+use std::sync::OnceLock;
+
+use libloading::Library;
+
+/// `cblas_sgemm` (row-major CBLAS enums as C ints).
+type Sgemm = unsafe extern "C" fn(
+    layout: i32,
+    trans_a: i32,
+    trans_b: i32,
+    m: i32,
+    n: i32,
+    k: i32,
+    alpha: f32,
+    a: *const f32,
+    lda: i32,
+    b: *const f32,
+    ldb: i32,
+    beta: f32,
+    c: *mut f32,
+    ldc: i32,
+) -> ();
+
+const ROW_MAJOR: i32 = 101;
+const NO_TRANS: i32 = 111;
+const TRANS: i32 = 112;
+
+/// A loaded BLAS.
+pub(crate) struct Blas {
+    sgemm: Sgemm,
+    /// What was loaded, for logs (`MKL 2026.0.2 (…/libmkl_rt.so.3)`).
+    pub(crate) name: String,
+    _lib: Library,
+}
+
+static BLAS: OnceLock<Option<Blas>> = OnceLock::new();
+
+/// The BLAS in use, if any (loaded on first call).
+pub(crate) fn blas() -> Option<&'static Blas> {
+    BLAS.get_or_init(load).as_ref()
+}
+
+/// One line for run logs and benchmarks: which kernels the CPU products use.
+pub fn matmul_backend() -> String {
+    match blas() {
+        Some(b) => b.name.clone(),
+        None => "candle gemm (pure Rust)".into(),
+    }
+}
+
+fn load() -> Option<Blas> {
+    let chosen = std::env::var("ACTGUIDE_BLAS").ok();
+    if matches!(chosen.as_deref(), Some("off" | "0" | "none" | "")) {
+        return None;
+    }
+    if !cpu_ok() {
+        return None;
+    }
+    let candidates: Vec<String> = match chosen {
+        Some(path) => vec![path],
+        None => {
+            let mut v = Vec::new();
+            let local = concat!(env!("CARGO_MANIFEST_DIR"), "/.mkl/lib");
+            for so in ["libmkl_rt.so.3", "libmkl_rt.so.2"] {
+                v.push(format!("{local}/{so}"));
+            }
+            for so in ["libmkl_rt.so.3", "libmkl_rt.so.2", "libopenblas.so.0"] {
+                v.push(so.to_string());
+            }
+            v
+        }
+    };
+    for path in candidates {
+        if let Some(b) = open(&path) {
+            return Some(b);
+        }
+    }
+    None
+}
+
+#[cfg(target_arch = "x86_64")]
+fn cpu_ok() -> bool {
+    std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn cpu_ok() -> bool {
+    true
+}
+
+/// Opens `path`, switches it to one thread, and self-tests it.
+fn open(path: &str) -> Option<Blas> {
+    // SAFETY: loading a shared library runs its initialisers; the names
+    // tried are BLAS libraries, whose initialisers only set up dispatch.
+    let lib = unsafe { Library::new(path) }.ok()?;
+    // SAFETY: the symbol types are the CBLAS / MKL / OpenBLAS C signatures.
+    let sgemm: Sgemm = unsafe { *lib.get::<Sgemm>(b"cblas_sgemm\0").ok()? };
+    let mut name = path.to_string();
+    unsafe {
+        if let Ok(set_layer) =
+            lib.get::<unsafe extern "C" fn(i32) -> i32>(b"MKL_Set_Threading_Layer\0")
+        {
+            // MKL_THREADING_SEQUENTIAL = 1: no OpenMP runtime is needed.
+            set_layer(1);
+            name = format!("MKL ({path})");
+        }
+        if let Ok(set_nt) = lib.get::<unsafe extern "C" fn(i32)>(b"openblas_set_num_threads\0") {
+            set_nt(1);
+            name = format!("OpenBLAS ({path})");
+        }
+    }
+    let blas = Blas {
+        sgemm,
+        name,
+        _lib: lib,
+    };
+    blas.self_test().then_some(blas)
+}
+
+impl Blas {
+    /// A `(5, 7) × (7, 3)` product against a naive loop.
+    fn self_test(&self) -> bool {
+        let (m, k, n) = (5, 7, 3);
+        let a: Vec<f32> = (0..m * k).map(|i| (i % 5) as f32 - 2.0).collect();
+        let b: Vec<f32> = (0..k * n).map(|i| (i % 3) as f32 * 0.5).collect();
+        let c = self.gemm(false, false, m, n, k, &a, &b);
+        (0..m).all(|i| {
+            (0..n).all(|j| {
+                let want: f32 = (0..k).map(|p| a[i * k + p] * b[p * n + j]).sum();
+                (c[i * n + j] - want).abs() <= 1e-4 * (1.0 + want.abs())
+            })
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn sgemm_raw(
+        &self,
+        ta: bool,
+        tb: bool,
+        m: usize,
+        n: usize,
+        k: usize,
+        a: *const f32,
+        lda: usize,
+        b: *const f32,
+        ldb: usize,
+        c: *mut f32,
+        ldc: usize,
+    ) {
+        let t = |x: bool| if x { TRANS } else { NO_TRANS };
+        (self.sgemm)(
+            ROW_MAJOR,
+            t(ta),
+            t(tb),
+            m as i32,
+            n as i32,
+            k as i32,
+            1.0,
+            a,
+            lda as i32,
+            b,
+            ldb as i32,
+            0.0,
+            c,
+            ldc as i32,
+        );
+    }
+
+    /// Row-major `op(A) op(B)`, `(m, n)`, in a new vector (`op` transposes
+    /// when `ta` / `tb`; `A` is `(m, k)` or, transposed, `(k, m)`; `B` is
+    /// `(k, n)` or `(n, k)`), split over the rayon pool.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn gemm(
+        &self,
+        ta: bool,
+        tb: bool,
+        m: usize,
+        n: usize,
+        k: usize,
+        a: &[f32],
+        b: &[f32],
+    ) -> Vec<f32> {
+        assert!(a.len() >= m * k && b.len() >= k * n, "gemm: short operand");
+        if k == 0 || m == 0 || n == 0 {
+            return vec![0.0; m * n];
+        }
+        let mut out: Vec<f32> = Vec::with_capacity(m * n);
+        let pc = Ptr(out.spare_capacity_mut().as_mut_ptr().cast::<f32>());
+        let (lda, ldb, ldc) = (if ta { m } else { k }, if tb { k } else { n }, n);
+        let (pa, pb) = (Ptr(a.as_ptr().cast_mut()), Ptr(b.as_ptr().cast_mut()));
+        let threads = rayon::current_num_threads();
+        // Split the longer output side into `threads` blocks (columns in
+        // multiples of 16 so every block keeps full SIMD rows); below
+        // ~1 MFLOP the split costs more than it saves.
+        let blocks = if m * n * k < (1 << 20) { 1 } else { threads };
+        let split_rows = m >= n || m >= 64 * blocks;
+        let (len, align) = if split_rows { (m, 1) } else { (n, 16) };
+        let per = len.div_ceil(blocks).div_ceil(align) * align;
+        let block = |start: usize| {
+            let size = per.min(len - start);
+            let (pa, pb, pc) = (pa, pb, pc);
+            // SAFETY: the operands cover the extents checked above; blocks
+            // write disjoint rows (or columns) of the output, whose every
+            // element is written (beta = 0) before `set_len` below.
+            unsafe {
+                if split_rows {
+                    let a0 = if ta {
+                        pa.0.add(start)
+                    } else {
+                        pa.0.add(start * lda)
+                    };
+                    self.sgemm_raw(
+                        ta,
+                        tb,
+                        size,
+                        n,
+                        k,
+                        a0,
+                        lda,
+                        pb.0,
+                        ldb,
+                        pc.0.add(start * ldc),
+                        ldc,
+                    );
+                } else {
+                    let b0 = if tb {
+                        pb.0.add(start * ldb)
+                    } else {
+                        pb.0.add(start)
+                    };
+                    self.sgemm_raw(ta, tb, m, size, k, pa.0, lda, b0, ldb, pc.0.add(start), ldc);
+                }
+            }
+        };
+        if blocks <= 1 || len <= per {
+            block(0);
+        } else {
+            rayon::scope(|s| {
+                for start in (0..len).step_by(per) {
+                    let block = &block;
+                    s.spawn(move |_| block(start));
+                }
+            });
+        }
+        // SAFETY: every element was written by the blocks above.
+        unsafe { out.set_len(m * n) };
+        out
+    }
+}
+
+/// A raw pointer the rayon blocks may share (each writes its own block).
+#[derive(Clone, Copy)]
+struct Ptr(*mut f32);
+// SAFETY: see `Blas::gemm`: blocks touch disjoint parts of C.
+unsafe impl Send for Ptr {}
+unsafe impl Sync for Ptr {}
