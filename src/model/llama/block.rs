@@ -165,13 +165,11 @@ impl Policy {
         let q = q.reshape((b, nkv, rep * t, hd))?;
         let att = match mask {
             // Training path: fused scale + causal mask + softmax, with backward.
-            AttnMask::Causal => ops::causal_softmax(&q.matmul(&k.t()?)?, scale, t)?,
+            AttnMask::Causal => ops::causal_softmax(&ops::bmm(&q, &k, true)?, scale, t)?,
             // Generation path (detached weights, no backward needed), so
             // candle's fused forward-only softmax is fine here.
             AttnMask::Additive(m) => {
-                let att = q
-                    .affine(scale, 0.0)?
-                    .matmul(&k.t()?)?
+                let att = ops::bmm(&q.affine(scale, 0.0)?, &k, true)?
                     .reshape((b, nkv, rep, t, s))?
                     .to_dtype(DType::F32)?
                     .broadcast_add(m)?;
@@ -181,8 +179,7 @@ impl Policy {
                     .reshape((b, nkv, rep * t, s))?
             }
         };
-        Ok(att
-            .matmul(&v)?
+        Ok(ops::bmm(&att, &v, false)?
             .reshape((b, nh, t, hd))?
             .transpose(1, 2)?
             .reshape((b * t, nh * hd))?)

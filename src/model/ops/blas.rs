@@ -192,6 +192,60 @@ impl Blas {
         );
     }
 
+    /// Row-major `C (m, n) = op(A) op(B)` on the calling thread, with
+    /// explicit leading dimensions (strided views), `c` fully overwritten.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn gemm_serial(
+        &self,
+        (ta, tb): (bool, bool),
+        (m, n, k): (usize, usize, usize),
+        (a, lda): (&[f32], usize),
+        (b, ldb): (&[f32], usize),
+        (c, ldc): (&mut [f32], usize),
+    ) {
+        // The last element each operand's view touches must be in bounds.
+        let extent = |rows: usize, cols: usize, ld: usize| {
+            if rows == 0 || cols == 0 {
+                0
+            } else {
+                (rows - 1) * ld + cols
+            }
+        };
+        let (ar, ac) = if ta { (k, m) } else { (m, k) };
+        let (br, bc) = if tb { (n, k) } else { (k, n) };
+        assert!(
+            a.len() >= extent(ar, ac, lda)
+                && b.len() >= extent(br, bc, ldb)
+                && c.len() >= extent(m, n, ldc),
+            "gemm: short operand"
+        );
+        if m == 0 || n == 0 {
+            return;
+        }
+        if k == 0 {
+            for row in c.chunks_mut(ldc).take(m) {
+                row[..n].fill(0.0);
+            }
+            return;
+        }
+        // SAFETY: extents checked above.
+        unsafe {
+            self.sgemm_raw(
+                ta,
+                tb,
+                m,
+                n,
+                k,
+                a.as_ptr(),
+                lda,
+                b.as_ptr(),
+                ldb,
+                c.as_mut_ptr(),
+                ldc,
+            )
+        }
+    }
+
     /// Row-major `op(A) op(B)`, `(m, n)`, in a new vector (`op` transposes
     /// when `ta` / `tb`; `A` is `(m, k)` or, transposed, `(k, m)`; `B` is
     /// `(k, n)` or `(n, k)`), split over the rayon pool.

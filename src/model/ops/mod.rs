@@ -17,6 +17,7 @@
 use candle_core::{CpuStorage, DType, Layout, Tensor};
 
 mod blas;
+mod bmm;
 mod linear;
 mod logp;
 mod norm;
@@ -25,6 +26,7 @@ mod softmax;
 mod swiglu;
 
 pub use blas::matmul_backend;
+pub(crate) use bmm::bmm;
 pub(crate) use linear::{frozen_linear, linear};
 pub(crate) use logp::logp_entropy;
 pub(crate) use norm::rms_norm;

@@ -288,3 +288,63 @@ fn logp_entropy_matches_composite() {
         grads_match(&a, &c, &x, &wt, "logp-entropy");
     }
 }
+
+/// The batched BLAS product against candle's matmul, forward and both
+/// gradients, for `a b` and `a bᵀ`, with `b` a narrowed view (as the KV
+/// cache hands it over) and a batch of (b, heads) dimensions.
+#[test]
+fn bmm_matches_matmul_forward_and_backward() {
+    if blas::blas().is_none() {
+        println!("SKIPPED: no BLAS found (scripts/install-mkl.sh, or ACTGUIDE_BLAS)");
+        return;
+    }
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(9);
+    for tb in [false, true] {
+        let a = randn(&mut rng, &[2, 3, 5, 4]);
+        // b: (2, 3, 4, 6) (or (2, 3, 6, 4) for bᵀ), narrowed out of a
+        // wider buffer along the row axis.
+        let (rows, cols) = if tb { (6, 4) } else { (4, 6) };
+        let big = randn(&mut rng, &[2, 3, rows + 3, cols]);
+        let b = big.as_tensor().narrow(2, 1, rows).unwrap();
+        let up = randn(&mut rng, &[2, 3, 6, 2]);
+        let y1 = bmm(a.as_tensor(), &b, tb).unwrap();
+        let bt = if tb { b.t().unwrap() } else { b.clone() };
+        let y2 = a.as_tensor().matmul(&bt).unwrap();
+        assert_eq!(y1.dims(), &[2, 3, 5, 6]);
+        assert!(
+            max_diff(&y1, &y2) < 1e-4,
+            "tb {tb}: y differs by {}",
+            max_diff(&y1, &y2)
+        );
+        let loss = |y: &Tensor| {
+            y.matmul(up.as_tensor())
+                .unwrap()
+                .sqr()
+                .unwrap()
+                .sum_all()
+                .unwrap()
+        };
+        let (g1, g2) = (loss(&y1).backward().unwrap(), loss(&y2).backward().unwrap());
+        for (what, v) in [("da", &a), ("db", &big)] {
+            let (x, y) = (
+                g1.get(v.as_tensor()).unwrap(),
+                g2.get(v.as_tensor()).unwrap(),
+            );
+            let scale = y
+                .abs()
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .max(0)
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap();
+            assert!(scale > 0.0, "{what}: zero gradient");
+            assert!(
+                max_diff(x, y) < 1e-5 * scale * 10.0,
+                "tb {tb}: {what} differs by {}",
+                max_diff(x, y)
+            );
+        }
+    }
+}

@@ -1,0 +1,220 @@
+//! Batched matrix products for attention (`q kᵀ` and `softmax · v`) on the
+//! run-time BLAS, forward and backward, reading strided views in place (the
+//! KV cache is a narrowed view of a larger buffer: no copy per decode step).
+//! Without a BLAS, or off the f32 CPU path, candle's matmul.
+
+use candle_core::{CpuStorage, CustomOp2, Device, Layout, Shape, Storage, Tensor};
+use rayon::prelude::*;
+
+use super::blas::{blas, Blas};
+use super::fused;
+use crate::model::error::Result;
+
+/// `a (…, m, k) @ b (…, k, n)`, or `@ b (…, n, k)ᵀ` when `tb`; the leading
+/// (batch) dimensions of both must agree.
+pub(crate) fn bmm(a: &Tensor, b: &Tensor, tb: bool) -> Result<Tensor> {
+    if let Some(blas) = blas() {
+        if fused(a) && fused(b) && a.rank() >= 3 && a.rank() == b.rank() {
+            let (a, b) = (a.contiguous_if_needed()?, b.contiguous_if_needed()?);
+            return Ok(a.apply_op2(
+                &b,
+                Bmm {
+                    blas,
+                    ta: false,
+                    tb,
+                },
+            )?);
+        }
+    }
+    let b = if tb { b.t()? } else { b.clone() };
+    Ok(a.matmul(&b)?)
+}
+
+/// A batch of row-major matrices in a storage slice: element `(i, r, c)` at
+/// `start + i * bstride + r * ld + c`.
+#[derive(Clone, Copy)]
+struct Mat {
+    start: usize,
+    batch: usize,
+    bstride: usize,
+    rows: usize,
+    cols: usize,
+    ld: usize,
+}
+
+impl Mat {
+    /// Rows must be unit-stride and the batch dimensions mergeable into one
+    /// stride; anything else is `None`.
+    fn view(l: &Layout) -> Option<Mat> {
+        let (dims, strides) = (l.dims(), l.stride());
+        let r = dims.len();
+        if r < 2 || (strides[r - 1] != 1 && dims[r - 1] > 1) {
+            return None;
+        }
+        let (rows, cols) = (dims[r - 2], dims[r - 1]);
+        let ld = if rows > 1 { strides[r - 2] } else { cols };
+        let batch: usize = dims[..r - 2].iter().product();
+        // Innermost non-trivial batch stride; outer ones must nest it.
+        let mut bstride = None;
+        let mut expect = None;
+        for i in (0..r - 2).rev() {
+            if dims[i] == 1 {
+                continue;
+            }
+            match expect {
+                None => bstride = Some(strides[i]),
+                Some(e) if e != strides[i] => return None,
+                Some(_) => {}
+            }
+            expect = Some(strides[i] * dims[i]);
+        }
+        Some(Mat {
+            start: l.start_offset(),
+            batch,
+            bstride: bstride.unwrap_or(rows * ld),
+            rows,
+            cols,
+            ld,
+        })
+    }
+}
+
+struct Bmm {
+    blas: &'static Blas,
+    ta: bool,
+    tb: bool,
+}
+
+impl Bmm {
+    /// `op(A) op(B)` per batch entry into a new `(batch, m, n)` vector.
+    fn run(
+        &self,
+        a: &[f32],
+        am: Mat,
+        b: &[f32],
+        bm: Mat,
+    ) -> candle_core::Result<(Vec<f32>, usize, usize)> {
+        let (m, k) = if self.ta {
+            (am.cols, am.rows)
+        } else {
+            (am.rows, am.cols)
+        };
+        let (k2, n) = if self.tb {
+            (bm.cols, bm.rows)
+        } else {
+            (bm.rows, bm.cols)
+        };
+        if k != k2 || am.batch != bm.batch {
+            candle_core::bail!(
+                "actguide-bmm: {}x{m}x{k} against {}x{k2}x{n}",
+                am.batch,
+                bm.batch
+            );
+        }
+        let mut out = vec![0f32; am.batch * m * n];
+        if m * n == 0 {
+            return Ok((out, m, n));
+        }
+        let blas = self.blas;
+        let (ta, tb) = (self.ta, self.tb);
+        out.par_chunks_mut(m * n).enumerate().for_each(|(i, c)| {
+            let a = &a[am.start + i * am.bstride..];
+            let b = &b[bm.start + i * bm.bstride..];
+            blas.gemm_serial((ta, tb), (m, n, k), (a, am.ld), (b, bm.ld), (c, n));
+        });
+        Ok((out, m, n))
+    }
+
+    /// The product of two tensors (views read in place) as a new tensor of
+    /// shape `batch dims of a + (m, n)`.
+    fn tensors(&self, a: &Tensor, b: &Tensor) -> candle_core::Result<Tensor> {
+        let (a, b) = (a.contiguous_if_needed()?, b.contiguous_if_needed()?);
+        let (sa, la) = a.storage_and_layout();
+        let (sb, lb) = b.storage_and_layout();
+        let (Storage::Cpu(CpuStorage::F32(va)), Storage::Cpu(CpuStorage::F32(vb))) = (&*sa, &*sb)
+        else {
+            candle_core::bail!("actguide-bmm: f32 CPU tensors only")
+        };
+        let (am, bm) = (
+            Mat::view(la).expect("viewable"),
+            Mat::view(lb).expect("viewable"),
+        );
+        let (out, m, n) = self.run(va, am, vb, bm)?;
+        let mut dims = la.dims()[..la.dims().len() - 2].to_vec();
+        dims.extend([m, n]);
+        Tensor::from_vec(out, dims, &Device::Cpu)
+    }
+}
+
+/// A view [`Mat`] can read, else a contiguous copy.
+trait ContiguousIfNeeded {
+    fn contiguous_if_needed(&self) -> candle_core::Result<Tensor>;
+}
+
+impl ContiguousIfNeeded for Tensor {
+    fn contiguous_if_needed(&self) -> candle_core::Result<Tensor> {
+        let ok = Mat::view(self.layout()).is_some();
+        if ok {
+            Ok(self.clone())
+        } else {
+            self.contiguous()
+        }
+    }
+}
+
+impl CustomOp2 for Bmm {
+    fn name(&self) -> &'static str {
+        "actguide-bmm"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (CpuStorage::F32(a), CpuStorage::F32(b)) = (s1, s2) else {
+            candle_core::bail!("actguide-bmm: only f32 is supported")
+        };
+        let (Some(am), Some(bm)) = (Mat::view(l1), Mat::view(l2)) else {
+            candle_core::bail!("actguide-bmm: unsupported strides")
+        };
+        let (out, m, n) = self.run(a, am, b, bm)?;
+        let mut dims = l1.dims()[..l1.dims().len() - 2].to_vec();
+        dims.extend([m, n]);
+        Ok((CpuStorage::F32(out), Shape::from(dims)))
+    }
+
+    fn bwd(
+        &self,
+        a: &Tensor,
+        b: &Tensor,
+        _res: &Tensor,
+        dc: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+        // Forward is C = A op(B) (ta = false); the gradients:
+        //   C = A B:  dA = dC Bᵀ, dB = Aᵀ dC;
+        //   C = A Bᵀ: dA = dC B,  dB = dCᵀ A.
+        let op = |ta, tb| Bmm {
+            blas: self.blas,
+            ta,
+            tb,
+        };
+        let da = if a.track_op() {
+            Some(op(false, !self.tb).tensors(dc, b)?)
+        } else {
+            None
+        };
+        let db = if b.track_op() {
+            Some(if self.tb {
+                op(true, false).tensors(dc, a)?
+            } else {
+                op(true, false).tensors(a, dc)?
+            })
+        } else {
+            None
+        };
+        Ok((da, db))
+    }
+}
