@@ -68,6 +68,8 @@ pub struct ModelBenchConfig {
     pub device: crate::model::device::DeviceSpec,
     /// Compute precision; `None`: the device's default (bf16 on CUDA).
     pub dtype: Option<crate::model::Precision>,
+    /// Generate from bf16 weight copies ([`Policy::set_rollout_bf16`]).
+    pub rollout_bf16: bool,
 }
 
 impl Default for ModelBenchConfig {
@@ -84,6 +86,7 @@ impl Default for ModelBenchConfig {
             lr: 1e-6,
             device: Default::default(),
             dtype: None,
+            rollout_bf16: false,
         }
     }
 }
@@ -118,6 +121,11 @@ pub struct ModelBenchRow {
     pub train_s_runs: Vec<f64>,
     /// Mean loss (−mean log-prob) of the timed train steps.
     pub train_loss: f64,
+    /// Mean and max |log-prob at generation − log-prob the trainer's f32
+    /// scoring gives| over the last decode's tokens: 0 up to rounding for
+    /// f32 generation, the behaviour mismatch for bf16 rollout weights.
+    pub decode_logp_mismatch: f64,
+    pub decode_logp_mismatch_max: f64,
 }
 
 /// Measured figures.
@@ -148,7 +156,7 @@ impl std::fmt::Display for ModelBenchReport {
         for r in &self.rows {
             write!(
                 f,
-                "\n{:>5} {:>6} {:>4} {:>10.1} {:>10.1} {:>9.3} {:>9.3} {:>6} {:>10.1} {:>9.3} {:>9.3}",
+                "\n{:>5} {:>6} {:>4} {:>10.1} {:>10.1} {:>9.3} {:>9.3} {:>6} {:>10.1} {:>9.3} {:>9.3} {:>9.5}",
                 r.batch,
                 r.prompt_len,
                 r.new_tokens,
@@ -159,7 +167,8 @@ impl std::fmt::Display for ModelBenchReport {
                 r.train_len,
                 r.train_tok_s,
                 r.train_s,
-                r.optimizer_s
+                r.optimizer_s,
+                r.decode_logp_mismatch
             )?;
         }
         Ok(())
@@ -168,7 +177,7 @@ impl std::fmt::Display for ModelBenchReport {
 
 fn table_header() -> String {
     format!(
-        "{:>5} {:>6} {:>4} {:>10} {:>10} {:>9} {:>9} {:>6} {:>10} {:>9} {:>9}",
+        "{:>5} {:>6} {:>4} {:>10} {:>10} {:>9} {:>9} {:>6} {:>10} {:>9} {:>9} {:>9}",
         "batch",
         "prompt",
         "new",
@@ -179,7 +188,8 @@ fn table_header() -> String {
         "train",
         "train/s",
         "train_s",
-        "optim_s"
+        "optim_s",
+        "|Δlogp|"
     )
 }
 
@@ -232,6 +242,39 @@ fn random_seqs(rng: &mut impl Rng, range: (u32, u32), b: usize, len: usize) -> V
         .collect()
 }
 
+/// Mean and max |generation log-prob − f32 score log-prob| of the
+/// generated tokens.
+fn logp_mismatch(
+    policy: &Policy,
+    prompts: &[Vec<u32>],
+    out: &[crate::model::Generated],
+) -> Result<(f64, f64), ModelBenchError> {
+    let batch = ScoreBatch {
+        seqs: prompts
+            .iter()
+            .zip(out)
+            .map(|(p, g)| p.iter().chain(&g.tokens).copied().collect())
+            .collect(),
+        targets: prompts
+            .iter()
+            .zip(out)
+            .map(|(p, g)| (p.len()..p.len() + g.tokens.len()).collect())
+            .collect(),
+        temperature: 1.0,
+    };
+    let scored = policy.score(&batch)?.logp.detach().to_vec1::<f32>()?;
+    let gen: Vec<f32> = out
+        .iter()
+        .flat_map(|g| g.logprobs.iter().copied())
+        .collect();
+    let d: Vec<f64> = scored
+        .iter()
+        .zip(&gen)
+        .map(|(a, b)| f64::from((a - b).abs()))
+        .collect();
+    Ok((mean(&d), d.iter().copied().fold(0.0, f64::max)))
+}
+
 /// One train step; returns the loss and the seconds of the optimiser
 /// update alone.
 fn train_step(
@@ -266,6 +309,7 @@ pub fn run(cfg: &ModelBenchConfig) -> Result<ModelBenchReport, ModelBenchError> 
     if let Some(l) = &cfg.lora {
         policy = policy.with_lora(l, &mut seed::rng(cfg.seed, &[seed::label("lora")]))?;
     }
+    policy.set_rollout_bf16(cfg.rollout_bf16)?;
     let load_s = t0.elapsed().as_secs_f64();
     run_with(&policy, &cfg.model.display().to_string(), load_s, cfg)
 }
@@ -309,16 +353,17 @@ pub fn run_with(
         // Decode.
         policy.generate(&prompts, &gen_opts(cfg.new_tokens), None, &mut rng)?;
         let (mut prefill, mut gen) = (Vec::new(), Vec::new());
-        let mut generated_tokens = 0;
+        let mut last = Vec::new();
         for _ in 0..cfg.repeats {
             let t = Instant::now();
             policy.generate(&prompts, &gen_opts(1), None, &mut rng)?;
             prefill.push(t.elapsed().as_secs_f64());
             let t = Instant::now();
-            let out = policy.generate(&prompts, &gen_opts(cfg.new_tokens), None, &mut rng)?;
+            last = policy.generate(&prompts, &gen_opts(cfg.new_tokens), None, &mut rng)?;
             gen.push(t.elapsed().as_secs_f64());
-            generated_tokens = out.iter().map(|g| g.tokens.len()).sum();
         }
+        let generated_tokens: usize = last.iter().map(|g| g.tokens.len()).sum();
+        let (mismatch, mismatch_max) = logp_mismatch(policy, &prompts, &last)?;
 
         // Train.
         train_step(policy, &mut opt, &train_seqs, cfg.lr)?;
@@ -356,12 +401,19 @@ pub fn run_with(
             generate_s_runs: gen,
             train_s_runs: train,
             train_loss: mean(&losses),
+            decode_logp_mismatch: mismatch,
+            decode_logp_mismatch_max: mismatch_max,
         });
     }
     Ok(ModelBenchReport {
         implementation: format!(
-            "actguide (candle, {}, {})",
+            "actguide (candle, {}{}, {})",
             policy.precision(),
+            if policy.rollout_bf16() {
+                ", bf16 rollout weights"
+            } else {
+                ""
+            },
             match policy.device() {
                 Device::Cpu => format!("CPU, matmul: {}", crate::model::matmul_backend()),
                 d => format!("{d:?}"),

@@ -91,6 +91,10 @@ pub struct BenchModelArgs {
     /// Compute precision, f32 or bf16 (default: bf16 on CUDA, f32 on CPU).
     #[arg(long)]
     dtype: Option<Precision>,
+    /// Generate from bf16 copies of the weights (CPU, with MKL); the
+    /// |Δlogp| column is then the behaviour mismatch against f32 scoring.
+    #[arg(long)]
+    rollout_bf16: bool,
     /// Print JSON.
     #[arg(long)]
     json: bool,
@@ -112,6 +116,7 @@ pub fn bench_model(a: BenchModelArgs) -> Result<()> {
         }),
         device: a.device,
         dtype: a.dtype,
+        rollout_bf16: a.rollout_bf16,
         ..Default::default()
     })?;
     print_report(&report, a.json)

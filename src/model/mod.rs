@@ -63,7 +63,9 @@ pub use config::{Arch, Family, ModelConfig, RopeScaling};
 pub use error::ModelError;
 pub use gguf::{gguf_config, GgmlDType, GgufFile};
 pub use gguf_tokenizer::GgufVocab;
-pub use llama::{GenerateOptions, Generated, Policy, ScoreBatch, ScoreOutput};
+pub use llama::{
+    note_weights_changed, GenerateOptions, Generated, Policy, ScoreBatch, ScoreOutput,
+};
 pub use lora::{LoraConfig, Proj};
 pub use ops::matmul_backend;
 pub use precision::Precision;

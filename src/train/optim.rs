@@ -87,7 +87,11 @@ impl AdamW {
 
     /// One update with gradients aligned to `vars()` (None = no gradient).
     pub fn step(&mut self, grads: &[Option<Tensor>], lr: f64) -> Result<()> {
-        self.step_impl(grads, lr, true)
+        let r = self.step_impl(grads, lr, true);
+        // The Vars changed in place (even a failed step may have moved some):
+        // derived copies (bf16 rollout weights) are stale.
+        crate::model::note_weights_changed();
+        r
     }
 
     /// `fused = false` forces the tensor-op path (used by tests).

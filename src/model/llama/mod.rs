@@ -63,7 +63,8 @@ mod weights;
 pub(in crate::model) use block::linear;
 pub use generate::{GenerateOptions, Generated};
 pub use score::{ScoreBatch, ScoreOutput};
-pub(crate) use weights::{Adapter, LayerW, Weights};
+pub use weights::note_weights_changed;
+pub(crate) use weights::{weights_epoch, Adapter, LayerW, Weights};
 
 /// The policy model. Trainable instances hold candle [`Var`]s (updated in
 /// place by the optimiser); [`Policy::frozen_copy`] instances hold plain,
@@ -90,6 +91,19 @@ pub struct Policy {
     /// Source of LoRA dropout masks for the next [`Policy::score`] calls
     /// (see [`Policy::set_dropout_seed`]); `None`: no dropout.
     pub(in crate::model) dropout_rng: Mutex<Option<ChaCha8Rng>>,
+    /// Generate from bf16 copies of the projection and head weights (see
+    /// [`Policy::set_rollout_bf16`]).
+    pub(in crate::model) rollout_bf16: bool,
+    /// The last bf16 rollout weights, keyed by the source tensors' ids and
+    /// the weights epoch (so an optimiser step or a replaced tensor
+    /// rebuilds them).
+    pub(in crate::model) rollout_cache: Mutex<Option<RolloutCache>>,
+}
+
+/// Cached generation weights and what they were derived from.
+pub(in crate::model) struct RolloutCache {
+    pub(in crate::model) key: (u64, Vec<candle_core::TensorId>),
+    pub(in crate::model) w: Weights,
 }
 
 impl std::fmt::Debug for Policy {
@@ -118,6 +132,38 @@ impl Policy {
 
     pub fn device(&self) -> &Device {
         &self.device
+    }
+
+    /// Generate from bf16 copies of the projection and LM-head weights
+    /// (made at each [`Policy::generate`] call from the current weights, so
+    /// they never go stale), multiplied on the BLAS's bf16 kernels (AMX on
+    /// CPUs that have it) with f32 accumulation; everything else (norms,
+    /// attention, embeddings, sampling) stays f32, and scoring and training
+    /// are untouched. Decode reads half the bytes per token. The sampled
+    /// tokens' log-probs then come from the bf16 model: a run corrects for
+    /// the mismatch as it does for an inference engine (π_old rescored,
+    /// truncated importance weights). Only on the CPU, in f32, with a BLAS
+    /// that has bf16 products (MKL).
+    pub fn set_rollout_bf16(&mut self, on: bool) -> Result<()> {
+        if on
+            && !(self.device.is_cpu()
+                && self.dtype == DType::F32
+                && crate::model::ops::bf16_rollouts_available())
+        {
+            return Err(crate::model::ModelError::InvalidArgument(format!(
+                "bf16 rollout weights need the CPU, f32 compute and a BLAS with bf16 products (MKL: scripts/install-mkl.sh); here: {:?}, {:?}, matmul {}",
+                self.device,
+                self.dtype,
+                crate::model::matmul_backend()
+            )));
+        }
+        self.rollout_bf16 = on;
+        Ok(())
+    }
+
+    /// Whether generation uses bf16 weight copies.
+    pub fn rollout_bf16(&self) -> bool {
+        self.rollout_bf16
     }
 
     /// The compute precision (see [`Precision`]).
@@ -201,6 +247,8 @@ impl Policy {
             inv_freq: self.inv_freq.clone(),
             lora: self.lora.clone(),
             dropout_rng: Mutex::new(None),
+            rollout_bf16: false,
+            rollout_cache: Mutex::new(None),
         })
     }
 

@@ -50,6 +50,20 @@ pub(crate) struct Adapter {
     pub(crate) b: Tensor,
 }
 
+/// Bumped whenever any `Var` changes in place (the optimiser's step), so
+/// copies derived from weights (bf16 rollout weights) know they are stale.
+static WEIGHTS_EPOCH: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Marks every policy's weights as changed (called after each optimiser step).
+pub fn note_weights_changed() {
+    WEIGHTS_EPOCH.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// The current weights epoch (see [`note_weights_changed`]).
+pub(crate) fn weights_epoch() -> u64 {
+    WEIGHTS_EPOCH.load(std::sync::atomic::Ordering::SeqCst)
+}
+
 /// Every weight of the policy.
 #[derive(Clone)]
 pub(crate) struct Weights {
@@ -165,6 +179,50 @@ impl Weights {
             l.gu = Some(Tensor::cat(&[&l.gate, &l.up], 0)?);
         }
         Ok(w)
+    }
+
+    /// bf16 copies of the weights generation multiplies by (projections,
+    /// the precomputed `gu`, the LM head, untied from the embedding, which
+    /// stays f32 for the lookup); norms and biases stay f32.
+    pub(crate) fn rollout_bf16(mut self) -> Result<Weights> {
+        use rayon::prelude::*;
+        let head = self.head().clone();
+        let mut slots: Vec<&mut Tensor> = Vec::new();
+        for l in &mut self.layers {
+            if l.gu.is_none() {
+                l.gu = Some(Tensor::cat(&[&l.gate, &l.up], 0)?);
+            }
+            slots.extend([&mut l.q, &mut l.k, &mut l.v, &mut l.o, &mut l.down]);
+            slots.extend(l.gu.as_mut());
+        }
+        // One tensor per task over the pool: the conversion reads 4 and
+        // writes 2 bytes per weight at each generate call.
+        let mut head = head;
+        slots.push(&mut head);
+        slots.par_iter_mut().try_for_each(|t| -> Result<()> {
+            **t = t.to_dtype(DType::BF16)?;
+            Ok(())
+        })?;
+        self.lm_head = Some(head);
+        Ok(self)
+    }
+
+    /// The ids of every tensor, in a fixed order: with
+    /// [`weights_epoch`], what a cache of derived weights is keyed by
+    /// (a replaced tensor has a new id; an updated `Var` keeps its id but
+    /// bumps the epoch).
+    pub(crate) fn ids(&self) -> Vec<candle_core::TensorId> {
+        let mut out = vec![self.embed.id(), self.norm.id()];
+        out.extend(self.lm_head.as_ref().map(Tensor::id));
+        for l in &self.layers {
+            for t in LayerTensor::ALL {
+                out.extend(l.get(t).map(Tensor::id));
+            }
+            for a in l.ad.iter().flatten() {
+                out.extend([a.a.id(), a.b.id()]);
+            }
+        }
+        out
     }
 
     /// The LM head: its own weight, or the embedding when tied.
@@ -400,6 +458,8 @@ impl Policy {
             vars,
             lora: None,
             dropout_rng: Mutex::new(None),
+            rollout_bf16: false,
+            rollout_cache: Mutex::new(None),
         })
     }
 }

@@ -12,7 +12,7 @@ use rand_chacha::ChaCha8Rng;
 
 use super::{LoraConfig, Proj, ADAPTER_CONFIG, ADAPTER_WEIGHTS};
 use crate::model::error::{ModelError, Result};
-use crate::model::llama::{linear, Adapter, LayerW, Policy, Weights};
+use crate::model::llama::{linear, weights_epoch, Adapter, LayerW, Policy, RolloutCache, Weights};
 
 impl Policy {
     /// The LoRA settings, when adapters are attached.
@@ -137,6 +137,8 @@ impl Policy {
             inv_freq: self.inv_freq,
             lora: Some(cfg.clone()),
             dropout_rng: Mutex::new(None),
+            rollout_bf16: false,
+            rollout_cache: Mutex::new(None),
         }
         .with_precision(precision)
     }
@@ -224,8 +226,23 @@ impl Policy {
 
     /// Weights for generation: detached, with any adapters merged in (one
     /// small `B A` product per adapter per call, instead of two extra
-    /// matmuls per adapted projection per token), in the compute dtype.
+    /// matmuls per adapted projection per token), in the compute dtype;
+    /// the products' weights in bf16 under [`Policy::set_rollout_bf16`].
     pub(in crate::model) fn inference_weights(&self) -> Result<Weights> {
+        if !self.rollout_bf16 {
+            return self.merged_weights();
+        }
+        let key = (weights_epoch(), self.w.ids());
+        let mut cache = self.rollout_cache.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = cache.as_ref().filter(|c| c.key == key) {
+            return Ok(c.w.clone());
+        }
+        let w = self.merged_weights()?.rollout_bf16()?;
+        *cache = Some(RolloutCache { key, w: w.clone() });
+        Ok(w)
+    }
+
+    fn merged_weights(&self) -> Result<Weights> {
         let Some(cfg) = &self.lora else {
             return self.w.detached(self.dtype);
         };

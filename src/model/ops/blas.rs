@@ -47,6 +47,25 @@ type Sgemm = unsafe extern "C" fn(
     ldc: i32,
 ) -> ();
 
+/// MKL's `cblas_gemm_bf16bf16f32`: bf16 operands (raw `u16` bits), f32
+/// result (AMX or AVX-512 BF16 kernels where the CPU has them).
+type GemmBf16 = unsafe extern "C" fn(
+    layout: i32,
+    trans_a: i32,
+    trans_b: i32,
+    m: i32,
+    n: i32,
+    k: i32,
+    alpha: f32,
+    a: *const u16,
+    lda: i32,
+    b: *const u16,
+    ldb: i32,
+    beta: f32,
+    c: *mut f32,
+    ldc: i32,
+) -> ();
+
 const ROW_MAJOR: i32 = 101;
 const NO_TRANS: i32 = 111;
 const TRANS: i32 = 112;
@@ -54,6 +73,8 @@ const TRANS: i32 = 112;
 /// A loaded BLAS.
 pub(crate) struct Blas {
     sgemm: Sgemm,
+    /// MKL only: bf16 × bf16 → f32 products (bf16 rollout weights).
+    gemm_bf16: Option<GemmBf16>,
     /// What was loaded, for logs (`MKL 2026.0.2 (…/libmkl_rt.so.3)`).
     pub(crate) name: String,
     _lib: Library,
@@ -121,6 +142,11 @@ fn open(path: &str) -> Option<Blas> {
     let lib = unsafe { Library::new(path) }.ok()?;
     // SAFETY: the symbol types are the CBLAS / MKL / OpenBLAS C signatures.
     let sgemm: Sgemm = unsafe { *lib.get::<Sgemm>(b"cblas_sgemm\0").ok()? };
+    let gemm_bf16: Option<GemmBf16> = unsafe {
+        lib.get::<GemmBf16>(b"cblas_gemm_bf16bf16f32\0")
+            .ok()
+            .map(|f| *f)
+    };
     let mut name = path.to_string();
     unsafe {
         if let Ok(set_layer) =
@@ -137,6 +163,7 @@ fn open(path: &str) -> Option<Blas> {
     }
     let blas = Blas {
         sgemm,
+        gemm_bf16,
         name,
         _lib: lib,
     };
@@ -261,76 +288,137 @@ impl Blas {
         b: &[f32],
     ) -> Vec<f32> {
         assert!(a.len() >= m * k && b.len() >= k * n, "gemm: short operand");
-        if k == 0 || m == 0 || n == 0 {
-            return vec![0.0; m * n];
-        }
-        let mut out: Vec<f32> = Vec::with_capacity(m * n);
-        let pc = Ptr(out.spare_capacity_mut().as_mut_ptr().cast::<f32>());
-        let (lda, ldb, ldc) = (if ta { m } else { k }, if tb { k } else { n }, n);
+        let (lda, ldb) = (if ta { m } else { k }, if tb { k } else { n });
         let (pa, pb) = (Ptr(a.as_ptr().cast_mut()), Ptr(b.as_ptr().cast_mut()));
-        let threads = rayon::current_num_threads();
-        // Split the longer output side into `threads` blocks (columns in
-        // multiples of 16 so every block keeps full SIMD rows); below
-        // ~1 MFLOP the split costs more than it saves.
-        let blocks = if m * n * k < (1 << 20) { 1 } else { threads };
-        let split_rows = m >= n || m >= 64 * blocks;
-        let (len, align) = if split_rows { (m, 1) } else { (n, 16) };
-        let per = len.div_ceil(blocks).div_ceil(align) * align;
-        let block = |start: usize| {
-            let size = per.min(len - start);
-            let (pa, pb, pc) = (pa, pb, pc);
-            // SAFETY: the operands cover the extents checked above; blocks
-            // write disjoint rows (or columns) of the output, whose every
-            // element is written (beta = 0) before `set_len` below.
+        par_blocks(m, n, k, &|(i0, mi), (j0, nj), c: Ptr| {
+            let (pa, pb) = (pa, pb);
+            // SAFETY: block offsets stay inside the operands checked above.
             unsafe {
-                if split_rows {
-                    let a0 = if ta {
-                        pa.0.add(start)
-                    } else {
-                        pa.0.add(start * lda)
-                    };
-                    self.sgemm_raw(
-                        ta,
-                        tb,
-                        size,
-                        n,
-                        k,
-                        a0,
-                        lda,
-                        pb.0,
-                        ldb,
-                        pc.0.add(start * ldc),
-                        ldc,
-                    );
-                } else {
-                    let b0 = if tb {
-                        pb.0.add(start * ldb)
-                    } else {
-                        pb.0.add(start)
-                    };
-                    self.sgemm_raw(ta, tb, m, size, k, pa.0, lda, b0, ldb, pc.0.add(start), ldc);
-                }
+                let a0 = if ta { pa.0.add(i0) } else { pa.0.add(i0 * lda) };
+                let b0 = if tb { pb.0.add(j0 * ldb) } else { pb.0.add(j0) };
+                self.sgemm_raw(ta, tb, mi, nj, k, a0, lda, b0, ldb, c.0, n);
             }
-        };
-        if blocks <= 1 || len <= per {
-            block(0);
-        } else {
-            rayon::scope(|s| {
-                for start in (0..len).step_by(per) {
-                    let block = &block;
-                    s.spawn(move |_| block(start));
-                }
-            });
-        }
-        // SAFETY: every element was written by the blocks above.
-        unsafe { out.set_len(m * n) };
-        out
+        })
+    }
+
+    /// Whether bf16 products are available (MKL's `cblas_gemm_bf16bf16f32`).
+    pub(crate) fn has_bf16(&self) -> bool {
+        self.gemm_bf16.is_some()
+    }
+
+    /// `x (m, k) @ wᵀ` for a bf16 `(n, k)` weight (raw bits), in f32: `x`
+    /// is rounded to bf16 first, the products accumulate in f32. `None`
+    /// without [`Blas::has_bf16`].
+    pub(crate) fn gemm_bf16_nt(
+        &self,
+        m: usize,
+        n: usize,
+        k: usize,
+        x: &[f32],
+        w: &[u16],
+    ) -> Option<Vec<f32>> {
+        let f = self.gemm_bf16?;
+        assert!(x.len() >= m * k && w.len() >= n * k, "gemm: short operand");
+        let xb: Vec<u16> = x[..m * k]
+            .iter()
+            .map(|&v| half::bf16::from_f32(v).to_bits())
+            .collect();
+        let (pa, pb) = (PtrU16(xb.as_ptr()), PtrU16(w.as_ptr()));
+        Some(par_blocks(m, n, k, &|(i0, mi), (j0, nj), c: Ptr| {
+            let (pa, pb) = (pa, pb);
+            // SAFETY: block offsets stay inside the operands checked above.
+            unsafe {
+                f(
+                    ROW_MAJOR,
+                    NO_TRANS,
+                    TRANS,
+                    mi as i32,
+                    nj as i32,
+                    k as i32,
+                    1.0,
+                    pa.0.add(i0 * k),
+                    k as i32,
+                    pb.0.add(j0 * k),
+                    k as i32,
+                    0.0,
+                    c.0,
+                    n as i32,
+                )
+            }
+        }))
     }
 }
+
+/// Runs `block((row0, rows), (col0, cols), c)` over blocks of a new row-major
+/// `(m, n)` output (`c` points at the block's first element; row stride
+/// `n`), split into one block per rayon thread along the longer side
+/// (columns in multiples of 16, so every block keeps full SIMD rows), or
+/// one block below ~1 MFLOP, where the split costs more than it saves.
+/// Every block must write all of its elements.
+fn par_blocks(
+    m: usize,
+    n: usize,
+    k: usize,
+    block: &(dyn Fn((usize, usize), (usize, usize), Ptr) + Sync),
+) -> Vec<f32> {
+    if k == 0 || m == 0 || n == 0 {
+        return vec![0.0; m * n];
+    }
+    let mut out: Vec<f32> = Vec::with_capacity(m * n);
+    let pc = Ptr(out.spare_capacity_mut().as_mut_ptr().cast::<f32>());
+    let blocks = if m * n * k < (1 << 20) {
+        1
+    } else {
+        rayon::current_num_threads()
+    };
+    let split_rows = m >= n || m >= 64 * blocks;
+    let (len, align) = if split_rows { (m, 1) } else { (n, 16) };
+    let per = len.div_ceil(blocks).div_ceil(align) * align;
+    let run = |start: usize| {
+        let size = per.min(len - start);
+        // SAFETY: blocks are disjoint and inside the m × n allocation.
+        if split_rows {
+            block((start, size), (0, n), unsafe { pc.offset(start * n) });
+        } else {
+            block((0, m), (start, size), unsafe { pc.offset(start) });
+        }
+    };
+    if len <= per {
+        run(0);
+    } else {
+        rayon::scope(|s| {
+            for start in (0..len).step_by(per) {
+                let run = &run;
+                s.spawn(move |_| run(start));
+            }
+        });
+    }
+    // SAFETY: the blocks wrote every element (beta = 0).
+    unsafe { out.set_len(m * n) };
+    out
+}
+
+/// A read-only bf16 operand shared by the blocks.
+#[derive(Clone, Copy)]
+struct PtrU16(*const u16);
+// SAFETY: only read.
+unsafe impl Send for PtrU16 {}
+unsafe impl Sync for PtrU16 {}
 
 /// A raw pointer the rayon blocks may share (each writes its own block).
 #[derive(Clone, Copy)]
 struct Ptr(*mut f32);
+
+impl Ptr {
+    /// `self + n` elements (a method, so closures capture the whole `Ptr`,
+    /// which is `Sync`, not its raw field).
+    ///
+    /// # Safety
+    /// The result must stay inside the allocation.
+    unsafe fn offset(self, n: usize) -> Ptr {
+        Ptr(unsafe { self.0.add(n) })
+    }
+}
 // SAFETY: see `Blas::gemm`: blocks touch disjoint parts of C.
 unsafe impl Send for Ptr {}
 unsafe impl Sync for Ptr {}

@@ -3,14 +3,21 @@
 //! and the frozen-weight form whose gradient flows to `x` only (LoRA's base
 //! projections).
 
-use candle_core::{CpuStorage, CustomOp1, CustomOp2, Device, Layout, Shape, Storage, Tensor};
+use candle_core::{
+    CpuStorage, CustomOp1, CustomOp2, DType, Device, Layout, Shape, Storage, Tensor,
+};
 
 use super::blas::{blas, Blas};
 use super::{f32_slice, fused};
 use crate::model::error::Result;
 
 /// `x (rows, in) @ wᵀ` for an HF `(out, in)` weight, differentiable in both.
+/// A bf16 `w` with an f32 `x` is a bf16 rollout weight
+/// ([`bf16_rollouts_available`]): forward only, result in f32.
 pub(crate) fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    if w.dtype() == DType::BF16 && x.dtype() == DType::F32 {
+        return bf16_linear(x, w);
+    }
     if let Some(y) = blas_linear(x, w)? {
         return Ok(y);
     }
@@ -31,6 +38,45 @@ pub(crate) fn frozen_linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
         return Ok(x.contiguous()?.apply_op1(FrozenLinear { w })?);
     }
     Ok(x.matmul(&w.t()?)?)
+}
+
+/// Whether bf16 rollout weights can run here: a loaded BLAS with bf16
+/// products (MKL's `cblas_gemm_bf16bf16f32`).
+pub(crate) fn bf16_rollouts_available() -> bool {
+    blas().is_some_and(Blas::has_bf16)
+}
+
+/// `x (f32) @ wᵀ (bf16)` on the BLAS's bf16 kernels, for generation (no
+/// gradient: rollout weights are detached).
+fn bf16_linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    let blas = blas().filter(|b| b.has_bf16()).ok_or_else(|| {
+        candle_core::Error::Msg("bf16 rollout weights need a BLAS with bf16 products (MKL)".into())
+    })?;
+    let (x, w) = (x.contiguous()?, w.contiguous()?);
+    let ((m, k), (n, k2)) = (x.dims2()?, w.dims2()?);
+    if k != k2 || !x.device().is_cpu() {
+        return Err(candle_core::Error::Msg(format!(
+            "bf16 linear: x {:?} against w {:?} on {:?}",
+            x.shape(),
+            w.shape(),
+            x.device()
+        ))
+        .into());
+    }
+    let (sx, lx) = x.storage_and_layout();
+    let (sw, lw) = w.storage_and_layout();
+    let (Storage::Cpu(CpuStorage::F32(xv)), Storage::Cpu(CpuStorage::BF16(wv))) = (&*sx, &*sw)
+    else {
+        return Err(candle_core::Error::Msg("bf16 linear: CPU tensors only".into()).into());
+    };
+    let xs = &xv[lx.start_offset()..lx.start_offset() + m * k];
+    let ws = &wv[lw.start_offset()..lw.start_offset() + n * k];
+    // SAFETY: half::bf16 is a transparent u16.
+    let wbits: &[u16] = unsafe { std::slice::from_raw_parts(ws.as_ptr().cast::<u16>(), ws.len()) };
+    let y = blas
+        .gemm_bf16_nt(m, n, k, xs, wbits)
+        .expect("checked has_bf16");
+    Ok(Tensor::from_vec(y, (m, n), &Device::Cpu)?)
 }
 
 /// The BLAS product when a BLAS is loaded and both operands are f32 CPU

@@ -27,7 +27,7 @@ mod swiglu;
 
 pub use blas::matmul_backend;
 pub(crate) use bmm::bmm;
-pub(crate) use linear::{frozen_linear, linear};
+pub(crate) use linear::{bf16_rollouts_available, frozen_linear, linear};
 pub(crate) use logp::logp_entropy;
 pub(crate) use norm::rms_norm;
 pub(crate) use rope::{rope_heads_first, RopeTables};

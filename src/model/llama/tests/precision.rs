@@ -204,3 +204,58 @@ fn bf16_checkpoints_round_trip_exactly() {
     let back = bf16(policy(true, 31)).load_adapter(dir.path()).unwrap();
     assert_eq!(score_vec(&back, &lb), score_vec(&p, &lb));
 }
+
+/// bf16 rollout weights (`Policy::set_rollout_bf16`): the sampled tokens'
+/// behaviour log-probs stay close to the f32 scores of the same tokens,
+/// an optimiser step rebuilds the cached bf16 copies (the behaviour after
+/// the step matches the updated weights, not the old ones), and the
+/// setting is refused where it cannot run.
+#[test]
+fn bf16_rollout_weights_track_the_f32_policy() {
+    let mut p = policy(true, 21);
+    if !crate::model::ops::bf16_rollouts_available() {
+        assert!(p.set_rollout_bf16(true).is_err());
+        println!("SKIPPED: no BLAS with bf16 products (scripts/install-mkl.sh)");
+        return;
+    }
+    p.set_rollout_bf16(true).unwrap();
+    let prompts = prompts_of(&[3, 9, 1, 14], 8);
+    let behaviour_gap = |p: &Policy, seed: u64| -> f64 {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let gens = p
+            .generate(&prompts, &opts(6, 1.0, 1.0, false), None, &mut rng)
+            .unwrap();
+        let got: Vec<f32> = gens.iter().flat_map(|g| g.logprobs.clone()).collect();
+        let want = rescore(p, &prompts, &gens, 1.0);
+        got.iter()
+            .zip(&want)
+            .map(|(a, b)| f64::from((a - b).abs()))
+            .fold(0.0, f64::max)
+    };
+    let before = behaviour_gap(&p, 1);
+    assert!(
+        before > 0.0,
+        "bf16 weights gave exactly the f32 log-probs: not used?"
+    );
+    assert!(before < 0.1, "bf16 behaviour log-probs off by {before}");
+    // A large step: stale bf16 copies would now be far off.
+    let mut opt = AdamW::new(p.named_vars(), AdamWParams::without_decay()).unwrap();
+    let out = p.score(&lora_batch()).unwrap();
+    let grads = out
+        .logp
+        .mean_all()
+        .unwrap()
+        .neg()
+        .unwrap()
+        .backward()
+        .unwrap();
+    opt.step(&opt.grads_from(&grads), 0.05).unwrap();
+    let after = behaviour_gap(&p, 2);
+    assert!(
+        after < 0.1,
+        "after a step the bf16 weights are stale: off by {after}"
+    );
+    // The f32 policy still generates exactly what it scores.
+    p.set_rollout_bf16(false).unwrap();
+    assert!(behaviour_gap(&p, 3) < 1e-4);
+}
