@@ -262,7 +262,7 @@ fn logp_mismatch(
             .collect(),
         temperature: 1.0,
     };
-    let scored = policy.score(&batch)?.logp.detach().to_vec1::<f32>()?;
+    let scored = policy.score_detached(&batch)?.logp.to_vec1::<f32>()?;
     let gen: Vec<f32> = out
         .iter()
         .flat_map(|g| g.logprobs.iter().copied())

@@ -188,7 +188,7 @@ impl Trainer {
                 targets: chunk.iter().map(|&i| samples[i].targets.clone()).collect(),
                 temperature: self.temperature,
             };
-            let lp = policy.score(&batch)?.logp.detach().to_vec1::<f32>()?;
+            let lp = policy.score_detached(&batch)?.logp.to_vec1::<f32>()?;
             let mut at = 0usize;
             for &i in chunk {
                 let s = &mut samples[i];

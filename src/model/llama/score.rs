@@ -51,6 +51,19 @@ impl Policy {
     /// predict a target are gathered before the final norm and LM head, so
     /// the `(N, vocab)` logits are the only vocabulary-sized activations.
     pub fn score(&self, batch: &ScoreBatch) -> Result<ScoreOutput> {
+        self.score_impl(batch, false)
+    }
+
+    /// [`Policy::score`] without an autograd graph: the same numbers, but
+    /// each activation is freed as soon as the next op has read it (a
+    /// tracked score of a few thousand tokens keeps GBs of activations
+    /// alive for a backward that never comes). For π_old rescoring and
+    /// diagnostics.
+    pub fn score_detached(&self, batch: &ScoreBatch) -> Result<ScoreOutput> {
+        self.score_impl(batch, true)
+    }
+
+    fn score_impl(&self, batch: &ScoreBatch, detached: bool) -> Result<ScoreOutput> {
         let rows = self.score_rows(batch)?;
         let n_targets = batch.num_targets();
         if n_targets == 0 {
@@ -61,7 +74,11 @@ impl Policy {
             });
         }
         // Cast once per call (a no-op in f32): the trunk and the head share it.
-        let w = &self.compute_weights()?;
+        let mut w = self.compute_weights()?;
+        if detached {
+            w = w.map(&|t| Ok(t.detach()))?;
+        }
+        let w = &w;
         let hidden = self.target_hidden(w, batch, &rows, n_targets)?;
         let tgt: Vec<u32> = batch
             .seqs
