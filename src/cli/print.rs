@@ -142,6 +142,8 @@ struct StepFigures {
     /// With `rollout.engine`: (mean |Δ log p| against the engine, episodes
     /// it failed, seconds of the weight sync).
     engine: Option<(f64, usize, f64)>,
+    /// With `model.rollout_bf16`: mean |Δ log p| of the bf16 rollouts.
+    bf16_mismatch: Option<f64>,
 }
 
 /// The one place that reads fields of a step's metrics line (absent
@@ -161,6 +163,7 @@ fn step_figures(m: &StepLine) -> StepFigures {
             .engine
             .as_ref()
             .map(|e| (e.mismatch, e.failed_episodes, e.sync_s)),
+        bf16_mismatch: m.rollout_bf16.as_ref().map(|b| b.mismatch),
     }
 }
 
@@ -189,6 +192,9 @@ impl StepFigures {
             l.push_str(&format!(
                 " | engine |Δlogp| {mismatch:.4}, {failed} failed, sync {sync_s:.1}s"
             ));
+        }
+        if let Some(mismatch) = self.bf16_mismatch {
+            l.push_str(&format!(" | bf16 |Δlogp| {mismatch:.4}"));
         }
         l
     }

@@ -44,6 +44,17 @@ pub fn trained(
     resumed: Option<&Loaded>,
     device: &Device,
 ) -> Result<Policy, ModelError> {
+    let mut p = trained_weights(exp, src, resumed, device)?;
+    p.set_rollout_bf16(exp.model.rollout_bf16)?;
+    Ok(p)
+}
+
+fn trained_weights(
+    exp: &Experiment,
+    src: &ModelSource,
+    resumed: Option<&Loaded>,
+    device: &Device,
+) -> Result<Policy, ModelError> {
     let file = |l: &Loaded| l.weights_path().display().to_string();
     match (&exp.model.lora, resumed) {
         (None, None) => initial(exp, src, device),

@@ -40,8 +40,8 @@ use serde_json::Value;
 pub use jsonl::Record;
 pub use lock::RunLock;
 pub use records::{
-    EnvErrorLine, EvalLine, EvalTimes, ReloadLine, StepEngine, StepGigpo, StepLine, StepRounds,
-    StepTimes, SuccessBreakdown,
+    EnvErrorLine, EvalLine, EvalTimes, ReloadLine, StepBehaviour, StepEngine, StepGigpo, StepLine,
+    StepRounds, StepTimes, SuccessBreakdown,
 };
 
 /// The resolved experiment of a run.

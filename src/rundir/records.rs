@@ -142,6 +142,9 @@ pub struct StepLine {
     /// Generation on engine servers (written only with `rollout.engine`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub engine: Option<StepEngine>,
+    /// Rollouts from bf16 weights (written only with `model.rollout_bf16`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout_bf16: Option<StepBehaviour>,
     pub pg_loss: Option<f64>,
     pub aux_loss: Option<f64>,
     pub kl: Option<f64>,
@@ -188,6 +191,18 @@ pub struct StepEngine {
     pub synced: usize,
     /// Per server: requests served and failed this step, down now.
     pub servers: Vec<crate::engine::ServerCounts>,
+}
+
+/// The behaviour mismatch of a step's bf16 rollouts: |log π_old (f32) −
+/// log π_bf16| over the trained tokens, and the truncated importance
+/// weights it gave (cap 2).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StepBehaviour {
+    pub mismatch: f64,
+    pub mismatch_max: f64,
+    pub ratio_mean: f64,
+    pub truncated_frac: f64,
+    pub tokens: usize,
 }
 
 impl Record for StepLine {

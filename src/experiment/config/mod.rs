@@ -78,6 +78,13 @@ pub struct ModelSection {
     /// LoRA adapters on a frozen base; absent: every weight trains.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lora: Option<crate::model::LoraConfig>,
+    /// Generate rollouts from bf16 copies of the weights (CPU, f32, with
+    /// MKL; see [`crate::model::Policy::set_rollout_bf16`]). The trainer
+    /// then rescores π_old in f32 and weights each token by the truncated
+    /// importance ratio min(π_old / π_bf16, 2), as for an inference engine;
+    /// each step's `rollout_bf16` record in metrics.jsonl gives the mismatch.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub rollout_bf16: bool,
 }
 
 impl ModelSection {

@@ -26,7 +26,7 @@ use crate::guidance::rounds::{drive, DriveReport, Request, TaskRounds};
 use crate::guidance::{GuidanceHost, TaskResult, TaskView};
 use crate::model::{Policy, Tok};
 use crate::rollout::{self, Episode, EpisodeRequest, RolloutError, RolloutOptions};
-use crate::rundir::{EnvErrorLine, StepEngine, StepLine};
+use crate::rundir::{EnvErrorLine, StepBehaviour, StepEngine, StepLine};
 use crate::script::ScriptError;
 use crate::seed;
 use crate::train::{
@@ -55,7 +55,7 @@ pub(super) fn train_step(
         .collect();
     let driven = drive_rollouts(ctx, step, &task_idx, &views, make, &timings, on_event)?;
     let batch = build_batch(&ctx.train, &ctx.exp, &task_idx, &driven.groups);
-    let (tstats, engine) = train(
+    let (tstats, engine, bf16) = train(
         &mut ctx.trainer,
         &ctx.policy,
         &ctx.exp,
@@ -69,6 +69,7 @@ pub(super) fn train_step(
     let update = update_script(&mut ctx.host, step, &results, &tstats, &timings, on_event);
     let mut line = step_line(ctx, step, &driven, &batch, &tstats, &update, &timings);
     line.engine = engine;
+    line.rollout_bf16 = bf16;
     for r in &update.reverts {
         log_reload(ctx, step, r, on_event)?;
     }
@@ -356,8 +357,13 @@ fn task_results(views: &[TaskView], groups: &[TaskRounds<Episode>]) -> Vec<TaskR
         .collect()
 }
 
-/// One policy update on the batch; with an engine, the behaviour
-/// correction before it and the weight sync after it.
+/// Truncation cap of the importance weights for bf16 rollouts (the
+/// engines' default `tis_cap`).
+const BF16_TIS_CAP: f64 = 2.0;
+
+/// One policy update on the batch; with an engine or bf16 rollout weights,
+/// the behaviour correction before it (and with an engine the weight sync
+/// after it).
 #[allow(clippy::too_many_arguments)]
 fn train(
     trainer: &mut Trainer,
@@ -368,7 +374,7 @@ fn train(
     timings: &Timings,
     ranks: Option<&Ranks>,
     engine: Option<&Engine>,
-) -> Result<(TrainStats, Option<StepEngine>), RunError> {
+) -> Result<(TrainStats, Option<StepEngine>, Option<StepBehaviour>), RunError> {
     let t = &exp.trainer;
     let sopts = SampleOptions {
         with_aux: t.aux_nll_coef > 0.0,
@@ -381,10 +387,14 @@ fn train(
     if let Some(r) = ranks {
         r.train(step, &samples)?;
     }
-    let behaviour = match engine {
-        Some(e) => {
+    let cap = match engine {
+        Some(e) => Some(e.settings().tis_cap),
+        None => policy.rollout_bf16().then_some(BF16_TIS_CAP),
+    };
+    let behaviour = match cap {
+        Some(cap) => {
             let t0 = Instant::now();
-            let b = trainer.behaviour_correction(policy, &mut samples, e.settings().tis_cap)?;
+            let b = trainer.behaviour_correction(policy, &mut samples, cap)?;
             timings.add(Phase::Train, t0.elapsed().as_secs_f64());
             Some(b)
         }
@@ -410,11 +420,21 @@ fn train(
             value,
         });
     }
+    let bf16 = match (engine, &behaviour) {
+        (None, Some(b)) => Some(StepBehaviour {
+            mismatch: round(b.mean_abs_diff()),
+            mismatch_max: round(b.max_abs_diff),
+            ratio_mean: round(b.mean_ratio()),
+            truncated_frac: round(b.truncated as f64 / b.tokens.max(1) as f64),
+            tokens: b.tokens,
+        }),
+        _ => None,
+    };
     let engine = match (engine, behaviour) {
         (Some(e), Some(b)) => Some(engine_step(e, policy, step, batch, &b)?),
         _ => None,
     };
-    Ok((tstats, engine))
+    Ok((tstats, engine, bf16))
 }
 
 /// After the update: hand the weights to the servers (version `step + 1`)
