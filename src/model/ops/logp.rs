@@ -27,10 +27,15 @@ pub(crate) fn logp_entropy(logits: &Tensor, targets: &[u32], scale: f64) -> Resu
         )));
     }
     if fused(logits) {
-        return Ok(logits.contiguous()?.apply_op1(LogpEntropy {
-            targets: Arc::new(targets.to_vec()),
-            scale: scale as f32,
-        })?);
+        // The op's columns 2 and 3 (the row max and log-sum-exp) are for
+        // its backward, which then needs no second exp pass over the row.
+        return Ok(logits
+            .contiguous()?
+            .apply_op1(LogpEntropy {
+                targets: Arc::new(targets.to_vec()),
+                scale: scale as f32,
+            })?
+            .narrow(1, 0, 2)?);
     }
     logp_entropy_composite(logits, targets, scale)
 }
@@ -89,16 +94,19 @@ impl CustomOp1 for LogpEntropy {
         let (n, v) = layout.shape().dims2()?;
         let scale = self.scale;
         let targets = &self.targets[..];
-        let mut out = vec![0f32; n * 2];
-        par_rows(&mut out, 2, |r, o| {
+        let mut out = vec![0f32; n * 4];
+        par_rows(&mut out, 4, |r, o| {
             let row = &x[r * v..(r + 1) * v];
             let (m, lse, mean_d) = row_stats(row, scale);
             let dt = (row[targets[r] as usize] * scale - m) as f64;
             o[0] = (dt - lse) as f32;
             // H = -sum p (d - lse) = lse - sum p d
             o[1] = (lse - mean_d) as f32;
+            // For the backward: exactly the values it would recompute.
+            o[2] = m;
+            o[3] = lse as f32;
         });
-        Ok((CpuStorage::F32(out), Shape::from((n, 2))))
+        Ok((CpuStorage::F32(out), Shape::from((n, 4))))
     }
 
     fn bwd(
@@ -107,10 +115,12 @@ impl CustomOp1 for LogpEntropy {
         res: &Tensor,
         grad_res: &Tensor,
     ) -> candle_core::Result<Option<Tensor>> {
-        // Pack [grad_logp, grad_entropy, entropy] per row for the kernel.
-        let g = grad_res.contiguous()?;
-        let ent = res.narrow(1, 1, 1)?;
-        let packed = Tensor::cat(&[&g, &ent], 1)?;
+        // Pack [grad_logp, grad_entropy, entropy, max, lse] per row for
+        // the kernel (the gradient of the stats columns is zero: only
+        // columns 0 and 1 leave `logp_entropy`).
+        let g = grad_res.narrow(1, 0, 2)?;
+        let rest = res.narrow(1, 1, 3)?;
+        let packed = Tensor::cat(&[&g, &rest], 1)?.contiguous()?;
         Ok(Some(arg.contiguous()?.apply_op2_no_bwd(
             &packed,
             &LogpEntropyBwd {
@@ -142,7 +152,7 @@ impl CustomOp2 for LogpEntropyBwd {
         let x = f32_slice(s1, l1, self.name())?;
         let gp = f32_slice(s2, l2, self.name())?;
         let (n, v) = l1.shape().dims2()?;
-        if l2.shape().dims2()? != (n, 3) {
+        if l2.shape().dims2()? != (n, 5) {
             candle_core::bail!(
                 "logp-entropy-bwd: bad shapes {:?} {:?}",
                 l1.shape(),
@@ -154,9 +164,8 @@ impl CustomOp2 for LogpEntropyBwd {
         let mut out = vec![0f32; n * v];
         par_rows(&mut out, v, |r, o| {
             let row = &x[r * v..(r + 1) * v];
-            let (g_lp, g_h, h) = (gp[r * 3], gp[r * 3 + 1], gp[r * 3 + 2]);
-            let (m, lse, _) = row_stats(row, scale);
-            let lse = lse as f32;
+            let st = &gp[r * 5..r * 5 + 5];
+            let (g_lp, g_h, h, m, lse) = (st[0], st[1], st[2], st[3], st[4]);
             for (ov, &xv) in o.iter_mut().zip(row) {
                 let logp = xv * scale - m - lse;
                 let p = logp.exp();
