@@ -5,8 +5,8 @@
         models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \\
         --batches 1,8,32 --prompt-len 64 --new-tokens 32 --train-len 128 [--json]
 
-(venv: python3 -m venv /tmp/gguf-venv &&
- /tmp/gguf-venv/bin/pip install torch transformers gguf numpy safetensors tokenizers)
+(scripts/compare-hf.sh sets up the venv — torch, transformers, accelerate,
+gguf from PyPI — and runs this beside `actguide bench-model`.)
 
 MODEL is a .gguf file (transformers dequantises it to float32 through the
 `gguf` package) or a HF model folder. Everything runs in float32 on the CPU
