@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The `actguide bench-model` measurement with HF transformers (PyTorch, CPU).
 
-    /tmp/gguf-venv/bin/python scripts/bench_transformers.py \\
+    .hf-venv/bin/python scripts/bench_transformers.py \\
         models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \\
         --batches 1,8,32 --prompt-len 64 --new-tokens 32 --train-len 128 [--json]
 
