@@ -14,7 +14,9 @@ use crate::model::error::Result;
 /// (batch) dimensions of both must agree.
 pub(crate) fn bmm(a: &Tensor, b: &Tensor, tb: bool) -> Result<Tensor> {
     if let Some(blas) = blas() {
-        if fused(a) && fused(b) && a.rank() >= 3 && a.rank() == b.rank() {
+        let r = a.rank();
+        let same_batch = r >= 3 && b.rank() == r && a.dims()[..r - 2] == b.dims()[..r - 2];
+        if fused(a) && fused(b) && same_batch {
             let (a, b) = (a.contiguous_if_needed()?, b.contiguous_if_needed()?);
             return Ok(a.apply_op2(
                 &b,
