@@ -162,7 +162,7 @@ fn step_figures(m: &StepLine) -> StepFigures {
         engine: m
             .engine
             .as_ref()
-            .map(|e| (e.mismatch, e.failed_episodes, e.sync_s)),
+            .map(|e| (e.behaviour.mismatch, e.failed_episodes, e.sync_s)),
         bf16_mismatch: m.rollout_bf16.as_ref().map(|b| b.mismatch),
     }
 }

@@ -173,14 +173,10 @@ pub struct StepLine {
 pub struct StepEngine {
     /// The policy version the step's rollouts were generated at.
     pub version: u64,
-    /// Mean and largest |log π_old − log π_engine| over the trained
-    /// tokens the engine reported a log-prob for.
-    pub mismatch: f64,
-    pub mismatch_max: f64,
-    /// Mean π_old / π_engine, and the share of tokens above the cap.
-    pub ratio_mean: f64,
-    pub truncated_frac: f64,
-    pub tokens: usize,
+    /// The mismatch against the engine's log-probs, over the trained
+    /// tokens it reported one for (written inline: `mismatch`, …).
+    #[serde(flatten)]
+    pub behaviour: StepBehaviour,
     /// Trained tokens without an engine log-prob (weight 1).
     pub missing: usize,
     /// Episodes the engine failed (also in `env_errors.jsonl`).
@@ -193,13 +189,15 @@ pub struct StepEngine {
     pub servers: Vec<crate::engine::ServerCounts>,
 }
 
-/// The behaviour mismatch of a step's bf16 rollouts: |log π_old (f32) −
-/// log π_bf16| over the trained tokens, and the truncated importance
-/// weights it gave (cap 2).
+/// The behaviour mismatch of a step's rollouts (an engine's, or bf16
+/// rollout weights'): |log π_old − log π_behaviour| over the trained
+/// tokens, and the truncated importance weights it gave.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct StepBehaviour {
+    /// Mean and largest |log π_old − log π_behaviour|.
     pub mismatch: f64,
     pub mismatch_max: f64,
+    /// Mean π_old / π_behaviour, and the share of tokens above the cap.
     pub ratio_mean: f64,
     pub truncated_frac: f64,
     pub tokens: usize,

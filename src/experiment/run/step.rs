@@ -421,13 +421,7 @@ fn train(
         });
     }
     let bf16 = match (engine, &behaviour) {
-        (None, Some(b)) => Some(StepBehaviour {
-            mismatch: round(b.mean_abs_diff()),
-            mismatch_max: round(b.max_abs_diff),
-            ratio_mean: round(b.mean_ratio()),
-            truncated_frac: round(b.truncated as f64 / b.tokens.max(1) as f64),
-            tokens: b.tokens,
-        }),
+        (None, Some(b)) => Some(behaviour_record(b)),
         _ => None,
     };
     let engine = match (engine, behaviour) {
@@ -435,6 +429,18 @@ fn train(
         _ => None,
     };
     Ok((tstats, engine, bf16))
+}
+
+/// The mismatch figures of a behaviour correction, as `metrics.jsonl`
+/// records them.
+fn behaviour_record(b: &BehaviourStats) -> StepBehaviour {
+    StepBehaviour {
+        mismatch: round(b.mean_abs_diff()),
+        mismatch_max: round(b.max_abs_diff),
+        ratio_mean: round(b.mean_ratio()),
+        truncated_frac: round(b.truncated as f64 / b.tokens.max(1) as f64),
+        tokens: b.tokens,
+    }
 }
 
 /// After the update: hand the weights to the servers (version `step + 1`)
@@ -451,11 +457,7 @@ fn engine_step(
     let sync = e.sync(policy, step as u64 + 1).map_err(Box::new)?;
     Ok(StepEngine {
         version,
-        mismatch: round(b.mean_abs_diff()),
-        mismatch_max: round(b.max_abs_diff),
-        ratio_mean: round(b.mean_ratio()),
-        truncated_frac: round(b.truncated as f64 / b.tokens.max(1) as f64),
-        tokens: b.tokens,
+        behaviour: behaviour_record(b),
         missing: b.missing,
         failed_episodes: batch.engine_failed,
         sync_s: round(sync.seconds),

@@ -135,8 +135,8 @@ impl Policy {
     }
 
     /// Generate from bf16 copies of the projection and LM-head weights
-    /// (made at each [`Policy::generate`] call from the current weights, so
-    /// they never go stale), multiplied on the BLAS's bf16 kernels (AMX on
+    /// (cached until an optimiser step or a replaced tensor makes them
+    /// stale, see [`note_weights_changed`]), multiplied on the BLAS's bf16 kernels (AMX on
     /// CPUs that have it) with f32 accumulation; everything else (norms,
     /// attention, embeddings, sampling) stays f32, and scoring and training
     /// are untouched. Decode reads half the bytes per token. The sampled

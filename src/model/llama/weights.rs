@@ -186,7 +186,7 @@ impl Weights {
     /// stays f32 for the lookup); norms and biases stay f32.
     pub(crate) fn rollout_bf16(mut self) -> Result<Weights> {
         use rayon::prelude::*;
-        let head = self.head().clone();
+        let mut head = self.head().clone();
         let mut slots: Vec<&mut Tensor> = Vec::new();
         for l in &mut self.layers {
             if l.gu.is_none() {
@@ -196,8 +196,7 @@ impl Weights {
             slots.extend(l.gu.as_mut());
         }
         // One tensor per task over the pool: the conversion reads 4 and
-        // writes 2 bytes per weight at each generate call.
-        let mut head = head;
+        // writes 2 bytes per weight, once per weights version.
         slots.push(&mut head);
         slots.par_iter_mut().try_for_each(|t| -> Result<()> {
             **t = t.to_dtype(DType::BF16)?;

@@ -16,9 +16,9 @@
 //! 3. `libmkl_rt.so.3` / `.2` and OpenBLAS's `libopenblas.so.0` on the
 //!    loader's search path (`LD_LIBRARY_PATH`, Debian's `libopenblas0`).
 //!
-//! A library is only taken on a CPU with AVX2 and FMA (where candle's gemm
-//! is already the fast path otherwise, a BLAS buys nothing certain), and
-//! after a self-test product agrees with a naive one.
+//! On x86-64 a library is only taken on a CPU with AVX2 and FMA (older
+//! CPUs keep candle's gemm), and only after a self-test product agrees
+//! with a naive one.
 //!
 //! The library runs single-threaded: products are split into column (or
 //! row) blocks over the current rayon pool, the same threads candle's other
@@ -75,7 +75,7 @@ pub(crate) struct Blas {
     sgemm: Sgemm,
     /// MKL only: bf16 × bf16 → f32 products (bf16 rollout weights).
     gemm_bf16: Option<GemmBf16>,
-    /// What was loaded, for logs (`MKL 2026.0.2 (…/libmkl_rt.so.3)`).
+    /// What was loaded, for logs (`MKL (…/libmkl_rt.so.3)`).
     pub(crate) name: String,
     _lib: Library,
 }

@@ -88,14 +88,18 @@ struct Bmm {
 }
 
 impl Bmm {
-    /// `op(A) op(B)` per batch entry into a new `(batch, m, n)` vector.
+    /// `op(A) op(B)` per batch entry of the views `la`, `lb` of `a`, `b`:
+    /// a new `(batch dims of a, m, n)` result.
     fn run(
         &self,
         a: &[f32],
-        am: Mat,
+        la: &Layout,
         b: &[f32],
-        bm: Mat,
-    ) -> candle_core::Result<(Vec<f32>, usize, usize)> {
+        lb: &Layout,
+    ) -> candle_core::Result<(Vec<f32>, Shape)> {
+        let (Some(am), Some(bm)) = (Mat::view(la), Mat::view(lb)) else {
+            candle_core::bail!("actguide-bmm: unsupported strides")
+        };
         let (m, k) = if self.ta {
             (am.cols, am.rows)
         } else {
@@ -113,9 +117,11 @@ impl Bmm {
                 bm.batch
             );
         }
+        let mut dims = la.dims()[..la.dims().len() - 2].to_vec();
+        dims.extend([m, n]);
         let mut out = vec![0f32; am.batch * m * n];
         if m * n == 0 {
-            return Ok((out, m, n));
+            return Ok((out, Shape::from(dims)));
         }
         let blas = self.blas;
         let (ta, tb) = (self.ta, self.tb);
@@ -124,11 +130,10 @@ impl Bmm {
             let b = &b[bm.start + i * bm.bstride..];
             blas.gemm_serial((ta, tb), (m, n, k), (a, am.ld), (b, bm.ld), (c, n));
         });
-        Ok((out, m, n))
+        Ok((out, Shape::from(dims)))
     }
 
-    /// The product of two tensors (views read in place) as a new tensor of
-    /// shape `batch dims of a + (m, n)`.
+    /// The product of two tensors (views read in place) as a new tensor.
     fn tensors(&self, a: &Tensor, b: &Tensor) -> candle_core::Result<Tensor> {
         let (a, b) = (a.contiguous_if_needed()?, b.contiguous_if_needed()?);
         let (sa, la) = a.storage_and_layout();
@@ -137,14 +142,8 @@ impl Bmm {
         else {
             candle_core::bail!("actguide-bmm: f32 CPU tensors only")
         };
-        let (am, bm) = (
-            Mat::view(la).expect("viewable"),
-            Mat::view(lb).expect("viewable"),
-        );
-        let (out, m, n) = self.run(va, am, vb, bm)?;
-        let mut dims = la.dims()[..la.dims().len() - 2].to_vec();
-        dims.extend([m, n]);
-        Tensor::from_vec(out, dims, &Device::Cpu)
+        let (out, shape) = self.run(va, la, vb, lb)?;
+        Tensor::from_vec(out, shape, &Device::Cpu)
     }
 }
 
@@ -155,8 +154,7 @@ trait ContiguousIfNeeded {
 
 impl ContiguousIfNeeded for Tensor {
     fn contiguous_if_needed(&self) -> candle_core::Result<Tensor> {
-        let ok = Mat::view(self.layout()).is_some();
-        if ok {
+        if Mat::view(self.layout()).is_some() {
             Ok(self.clone())
         } else {
             self.contiguous()
@@ -179,13 +177,8 @@ impl CustomOp2 for Bmm {
         let (CpuStorage::F32(a), CpuStorage::F32(b)) = (s1, s2) else {
             candle_core::bail!("actguide-bmm: only f32 is supported")
         };
-        let (Some(am), Some(bm)) = (Mat::view(l1), Mat::view(l2)) else {
-            candle_core::bail!("actguide-bmm: unsupported strides")
-        };
-        let (out, m, n) = self.run(a, am, b, bm)?;
-        let mut dims = l1.dims()[..l1.dims().len() - 2].to_vec();
-        dims.extend([m, n]);
-        Ok((CpuStorage::F32(out), Shape::from(dims)))
+        let (out, shape) = self.run(a, l1, b, l2)?;
+        Ok((CpuStorage::F32(out), shape))
     }
 
     fn bwd(
