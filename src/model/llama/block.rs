@@ -34,9 +34,11 @@ thread_local! {
 pub(super) enum AttnMask<'a> {
     /// Plain causal mask (scoring: right-padded, positions from 0).
     Causal,
-    /// Additive mask broadcastable to `(b, n_kv, n_rep, t, s)` (generation:
-    /// left padding).
-    Additive(&'a Tensor),
+    /// Generation (left padding): an additive mask broadcastable to
+    /// `(b, n_kv, n_rep, t, s)` for the composite path, and the same mask as
+    /// each row's first visible key column for the fused one (query `i`
+    /// sees columns `pads[row] ..= i + s - t`; a pad query sees itself).
+    Padded { mask: &'a Tensor, pads: &'a [usize] },
 }
 
 impl Policy {
@@ -163,12 +165,24 @@ impl Policy {
         // reads kv head g, so (b, nh, t, hd) regroups to (b, nkv, rep * t, hd);
         // score rows are then ordered (b, kv head, r, query).
         let q = q.reshape((b, nkv, rep * t, hd))?;
+        let pads = match mask {
+            AttnMask::Causal => None,
+            AttnMask::Padded { pads, .. } => Some(pads),
+        };
+        let heads_last = |y: Tensor| -> Result<Tensor> {
+            Ok(y.reshape((b, nh, t, hd))?
+                .transpose(1, 2)?
+                .reshape((b * t, nh * hd))?)
+        };
+        if let Some(y) = ops::attention(&q, &k, &v, scale, t, pads)? {
+            return heads_last(y);
+        }
         let att = match mask {
             // Training path: fused scale + causal mask + softmax, with backward.
             AttnMask::Causal => ops::causal_softmax(&ops::bmm(&q, &k, true)?, scale, t)?,
             // Generation path (detached weights, no backward needed), so
             // candle's fused forward-only softmax is fine here.
-            AttnMask::Additive(m) => {
+            AttnMask::Padded { mask: m, .. } => {
                 let att = ops::bmm(&q.affine(scale, 0.0)?, &k, true)?
                     .reshape((b, nkv, rep, t, s))?
                     .to_dtype(DType::F32)?
@@ -179,10 +193,7 @@ impl Policy {
                     .reshape((b, nkv, rep * t, s))?
             }
         };
-        Ok(ops::bmm(&att, &v, false)?
-            .reshape((b, nh, t, hd))?
-            .transpose(1, 2)?
-            .reshape((b * t, nh * hd))?)
+        heads_last(ops::bmm(&att, &v, false)?)
     }
 
     /// SwiGLU MLP of the normed rows `h`, down projection included.

@@ -216,6 +216,7 @@ impl Policy {
             mask[r * s..r * s + pad - from].fill(MASKED);
         }
         let mask = Tensor::from_vec(mask, (b, 1, 1, 1, s), &self.device)?;
+        let first: Vec<usize> = pads.iter().map(|&p| p - from).collect();
         let mut x = self.embed(w, last)?;
         for (lw, c) in w.layers.iter().zip(cache.iter_mut()) {
             x = self.block(
@@ -224,7 +225,10 @@ impl Policy {
                 b,
                 1,
                 &rope,
-                AttnMask::Additive(&mask),
+                AttnMask::Padded {
+                    mask: &mask,
+                    pads: &first,
+                },
                 Some((c, off, from)),
             )?;
         }
@@ -289,6 +293,7 @@ impl Policy {
         }
         let rope = self.rope_tables(&positions, b, t);
         let mask = Tensor::from_vec(mask, (b, 1, 1, t, t), &self.device)?;
+        let first: Vec<usize> = prompts.iter().map(|p| t - p.len()).collect();
         let (nkv, hd) = (self.cfg.num_key_value_heads, self.cfg.head_dim());
         let mut cache = Vec::with_capacity(w.layers.len());
         let mut x = self.embed(w, &ids)?;
@@ -300,7 +305,10 @@ impl Policy {
                 b,
                 t,
                 &rope,
-                AttnMask::Additive(&mask),
+                AttnMask::Padded {
+                    mask: &mask,
+                    pads: &first,
+                },
                 Some((&mut c, off, off)),
             )?;
             cache.push(c);

@@ -199,6 +199,7 @@ impl Blas {
         ldb: usize,
         c: *mut f32,
         ldc: usize,
+        beta: f32,
     ) {
         let t = |x: bool| if x { TRANS } else { NO_TRANS };
         (self.sgemm)(
@@ -213,7 +214,7 @@ impl Blas {
             lda as i32,
             b,
             ldb as i32,
-            0.0,
+            beta,
             c,
             ldc as i32,
         );
@@ -221,14 +222,38 @@ impl Blas {
 
     /// Row-major `C (m, n) = op(A) op(B)` on the calling thread, with
     /// explicit leading dimensions (strided views), `c` fully overwritten.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn gemm_serial(
+        &self,
+        t: (bool, bool),
+        dims: (usize, usize, usize),
+        a: (&[f32], usize),
+        b: (&[f32], usize),
+        c: (&mut [f32], usize),
+    ) {
+        self.gemm_serial_beta(t, dims, a, b, c, 0.0)
+    }
+
+    /// [`Blas::gemm_serial`], adding the product to `c` instead.
+    pub(crate) fn gemm_serial_acc(
+        &self,
+        t: (bool, bool),
+        dims: (usize, usize, usize),
+        a: (&[f32], usize),
+        b: (&[f32], usize),
+        c: (&mut [f32], usize),
+    ) {
+        self.gemm_serial_beta(t, dims, a, b, c, 1.0)
+    }
+
+    /// `C = op(A) op(B) + beta C` (`beta` 0: `c` need not be initialised).
+    fn gemm_serial_beta(
         &self,
         (ta, tb): (bool, bool),
         (m, n, k): (usize, usize, usize),
         (a, lda): (&[f32], usize),
         (b, ldb): (&[f32], usize),
         (c, ldc): (&mut [f32], usize),
+        beta: f32,
     ) {
         // The last element each operand's view touches must be in bounds.
         let extent = |rows: usize, cols: usize, ld: usize| {
@@ -250,8 +275,10 @@ impl Blas {
             return;
         }
         if k == 0 {
-            for row in c.chunks_mut(ldc).take(m) {
-                row[..n].fill(0.0);
+            if beta == 0.0 {
+                for row in c.chunks_mut(ldc).take(m) {
+                    row[..n].fill(0.0);
+                }
             }
             return;
         }
@@ -269,6 +296,7 @@ impl Blas {
                 ldb,
                 c.as_mut_ptr(),
                 ldc,
+                beta,
             )
         }
     }
@@ -296,7 +324,7 @@ impl Blas {
             unsafe {
                 let a0 = if ta { pa.0.add(i0) } else { pa.0.add(i0 * lda) };
                 let b0 = if tb { pb.0.add(j0 * ldb) } else { pb.0.add(j0) };
-                self.sgemm_raw(ta, tb, mi, nj, k, a0, lda, b0, ldb, c.0, n);
+                self.sgemm_raw(ta, tb, mi, nj, k, a0, lda, b0, ldb, c.0, n, 0.0);
             }
         })
     }

@@ -8,7 +8,8 @@
 //! falls back to composite candle ops, so results are device-independent up
 //! to rounding. bf16 tensors take the composite ops on every device.
 //!
-//! One file per kernel family: [`softmax`] (causal attention softmax),
+//! One file per kernel family: [`attention`] (fused attention, BLAS path),
+//! [`softmax`] (causal attention softmax, the composite path's),
 //! [`linear`] (frozen-weight matmul), [`norm`] (RMSNorm), [`rope`]
 //! (rotary embeddings + heads-first transpose), [`mod@swiglu`], [`logp`]
 //! (target log-prob + entropy). This file holds what they share: the
@@ -16,6 +17,7 @@
 
 use candle_core::{CpuStorage, DType, Layout, Tensor};
 
+mod attention;
 mod blas;
 mod bmm;
 mod linear;
@@ -25,6 +27,7 @@ mod rope;
 mod softmax;
 mod swiglu;
 
+pub(crate) use attention::attention;
 pub use blas::matmul_backend;
 pub(crate) use bmm::bmm;
 pub(crate) use linear::{bf16_rollouts_available, frozen_linear, linear};

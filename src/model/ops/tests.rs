@@ -321,3 +321,79 @@ fn bmm_matches_matmul_forward_and_backward() {
         }
     }
 }
+
+/// Reference attention with candle's differentiable ops: `softmax(q kᵀ ·
+/// scale + mask) v` per (batch, kv head), with the fused op's visibility
+/// rule (row `rr` is query position `rr % t`).
+fn ref_attention(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64, t: usize, pads: Option<&[usize]>) -> Tensor {
+    let (b, nkv, rq, _) = q.dims4().unwrap();
+    let s = k.dim(2).unwrap();
+    let mut mask = vec![f32::NEG_INFINITY; b * rq * s];
+    for bi in 0..b {
+        for rr in 0..rq {
+            let hi = rr % t + s - t;
+            let lo = pads.map_or(0, |p| p[bi].min(hi));
+            mask[(bi * rq + rr) * s + lo..=(bi * rq + rr) * s + hi].fill(0.0);
+        }
+    }
+    let mask = Tensor::from_vec(mask, (b, 1, rq, s), &Device::Cpu).unwrap();
+    let scores = (q.matmul(&k.t().unwrap()).unwrap() * scale)
+        .unwrap()
+        .broadcast_add(&mask)
+        .unwrap();
+    let _ = nkv;
+    candle_nn::ops::softmax(&scores, D::Minus1)
+        .unwrap()
+        .matmul(&v.contiguous().unwrap())
+        .unwrap()
+}
+
+/// Fused attention against the composite reference, forward and the
+/// gradients of q, k and v: causal over several row blocks (a block
+/// straddling two query heads), and left-padded prefill and decode shapes
+/// reading k and v as narrowed views of a cache.
+#[test]
+fn fused_attention_matches_composite_forward_and_backward() {
+    if blas::blas().is_none() {
+        println!("SKIPPED: no BLAS found (scripts/install-mkl.sh, or ACTGUIDE_BLAS)");
+        return;
+    }
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(21);
+    // (b, n_kv, rep, t, s, hd, pads, cache columns before/after)
+    type Case = (usize, usize, usize, usize, usize, usize, Option<Vec<usize>>, usize);
+    let cases: [Case; 4] = [
+        (2, 2, 2, 70, 70, 8, None, 0),
+        (1, 1, 3, 5, 5, 4, None, 0),
+        (2, 2, 2, 6, 6, 8, Some(vec![0, 3]), 2),
+        (3, 1, 4, 1, 9, 8, Some(vec![0, 4, 8]), 3),
+    ];
+    for (b, nkv, rep, t, s, hd, pads, extra) in cases {
+        let what = format!("b{b} kv{nkv} rep{rep} t{t} s{s} pads {pads:?}");
+        let q = randn(&mut rng, &[b, nkv, rep * t, hd]);
+        let kbig = randn(&mut rng, &[b, nkv, s + 2 * extra, hd]);
+        let vbig = randn(&mut rng, &[b, nkv, s + 2 * extra, hd]);
+        let k = kbig.as_tensor().narrow(2, extra, s).unwrap();
+        let v = vbig.as_tensor().narrow(2, extra, s).unwrap();
+        let up = randn(&mut rng, &[hd, 3]);
+        let scale = 1.0 / (hd as f64).sqrt();
+        let y1 = attention(q.as_tensor(), &k, &v, scale, t, pads.as_deref())
+            .unwrap()
+            .expect("the fused path applies");
+        let y2 = ref_attention(q.as_tensor(), &k, &v, scale, t, pads.as_deref());
+        assert_eq!(y1.dims(), y2.dims());
+        let d = max_diff(&y1, &y2);
+        assert!(d < 1e-5, "{what}: y differs by {d}");
+        let loss = |y: &Tensor| {
+            let y = y.broadcast_matmul(up.as_tensor()).unwrap();
+            y.sqr().unwrap().sum_all().unwrap()
+        };
+        let (g1, g2) = (loss(&y1).backward().unwrap(), loss(&y2).backward().unwrap());
+        for (name, var) in [("dq", &q), ("dk", &kbig), ("dv", &vbig)] {
+            let (a, b) = (
+                g1.get(var.as_tensor()).expect("fused gradient"),
+                g2.get(var.as_tensor()).unwrap(),
+            );
+            assert_grad_close(a, b, 1e-4, &format!("{what}: {name}"));
+        }
+    }
+}

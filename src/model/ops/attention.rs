@@ -1,0 +1,386 @@
+//! Fused attention for the f32 CPU path: `softmax(q kᵀ · scale + mask) v`
+//! one block of query rows at a time on the run-time BLAS, so the `(t, s)`
+//! scores and probabilities are never tensors and are not kept for the
+//! backward. The forward saves one log-sum-exp per query row; the backward
+//! recomputes each block's probabilities from it (flash attention's scheme).
+//! A block multiplies only the key columns its rows can see, so a causal
+//! mask skips about half the work. Grouped-query heads read their kv head in
+//! place, and the KV cache's strided views are read without a copy.
+//!
+//! Without a BLAS, or off the f32 CPU path, [`attention`] returns `None`
+//! and the caller takes the composite ops (batched products and
+//! [`super::causal_softmax`]), which compute the same function.
+
+use std::sync::{Arc, Mutex};
+
+use candle_core::{CpuStorage, CustomOp3, Device, Layout, Shape, Storage, Tensor};
+use rayon::prelude::*;
+
+use super::blas::{blas, Blas};
+use super::fused;
+use crate::model::error::Result;
+
+/// Query rows per block: the scratch of a block is `ROWS × s` floats.
+const ROWS: usize = 64;
+
+/// Fused attention of `q` `(b, n_kv, rep * q_len, hd)` (query head
+/// `g * rep + r` of kv head `g`, rows ordered `(r, position)`) over `k`, `v`
+/// `(b, n_kv, s, hd)`, `s >= q_len`: query position `i` sees key columns
+/// `lo ..= i + s - q_len`, where `lo` is `pads[batch row]` (left padding,
+/// in the columns of `k`) or 0, and a row whose `lo` lies past its last
+/// column sees that column alone (a pad query: finite, never read).
+/// Returns `(b, n_kv, rep * q_len, hd)`, differentiable in `q`, `k`, `v`;
+/// `None` where the fused path does not apply.
+pub(crate) fn attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    scale: f64,
+    q_len: usize,
+    pads: Option<&[usize]>,
+) -> Result<Option<Tensor>> {
+    let Some(blas) = blas() else { return Ok(None) };
+    if !(fused(q) && fused(k) && fused(v)) || q.rank() != 4 {
+        return Ok(None);
+    }
+    let (b, nkv, rq, hd) = q.dims4()?;
+    let s = k.dim(2)?;
+    let shapes_fit = k.dims() == [b, nkv, s, hd]
+        && v.dims() == k.dims()
+        && q_len > 0
+        && rq.is_multiple_of(q_len)
+        && s >= q_len
+        && pads.is_none_or(|p| p.len() == b);
+    if !shapes_fit || !KvView::fits(k.layout()) || !KvView::fits(v.layout()) {
+        return Ok(None);
+    }
+    let op = Attention {
+        blas,
+        scale: scale as f32,
+        q_len,
+        pads: pads.map(|p| Arc::new(p.to_vec())),
+        lse: Mutex::new(None),
+    };
+    Ok(Some(q.contiguous()?.apply_op3(k, v, op)?))
+}
+
+/// Per-(batch, kv head) matrices of a `(b, n_kv, s, hd)` view with unit
+/// stride along `hd`: unit `(bi, g)` starts at `start + bi * sb + g * sg`,
+/// row `j` of it `ld` further per row.
+#[derive(Clone, Copy)]
+struct KvView {
+    start: usize,
+    sb: usize,
+    sg: usize,
+    ld: usize,
+    nkv: usize,
+}
+
+impl KvView {
+    fn fits(l: &Layout) -> bool {
+        l.dims().len() == 4 && (l.stride()[3] == 1 || l.dims()[3] == 1)
+    }
+
+    fn of(l: &Layout) -> KvView {
+        let st = l.stride();
+        KvView {
+            start: l.start_offset(),
+            sb: st[0],
+            sg: st[1],
+            ld: st[2],
+            nkv: l.dims()[1],
+        }
+    }
+
+    /// Offset of unit `u = bi * n_kv + g`, key column `c0`.
+    fn at(&self, u: usize, c0: usize) -> usize {
+        self.start + (u / self.nkv) * self.sb + (u % self.nkv) * self.sg + c0 * self.ld
+    }
+}
+
+struct Attention {
+    blas: &'static Blas,
+    scale: f32,
+    q_len: usize,
+    pads: Option<Arc<Vec<usize>>>,
+    /// Per query row, `log Σ exp(scale · score)` over its visible columns,
+    /// saved by the forward for the backward.
+    lse: Mutex<Option<Arc<Vec<f32>>>>,
+}
+
+/// The shape of one call: `units` = b · n_kv matrices of `rq` query rows
+/// and `s` key columns.
+#[derive(Clone, Copy)]
+struct Dims {
+    nkv: usize,
+    rq: usize,
+    s: usize,
+    hd: usize,
+    q_len: usize,
+}
+
+impl Attention {
+    fn dims(&self, lq: &Layout, lk: &Layout) -> Dims {
+        let d = lq.dims();
+        Dims {
+            nkv: d[1],
+            rq: d[2],
+            s: lk.dims()[2],
+            hd: d[3],
+            q_len: self.q_len,
+        }
+    }
+
+    /// Visible key columns `lo..=hi` of row `rr` of unit `u`.
+    fn visible(&self, d: Dims, u: usize, rr: usize) -> (usize, usize) {
+        let hi = rr % d.q_len + d.s - d.q_len;
+        let lo = self.pads.as_ref().map_or(0, |p| p[u / d.nkv].min(hi));
+        (lo, hi)
+    }
+
+    /// Visible columns of the block of rows `r0..r0 + m` of unit `u`: the
+    /// union `c0..c1` and each row's `(lo, hi)`.
+    fn block_cols(&self, d: Dims, u: usize, r0: usize, m: usize) -> (usize, usize, Vec<(usize, usize)>) {
+        let vis: Vec<(usize, usize)> = (r0..r0 + m).map(|rr| self.visible(d, u, rr)).collect();
+        let c0 = vis.iter().map(|v| v.0).min().unwrap_or(0);
+        let c1 = vis.iter().map(|v| v.1 + 1).max().unwrap_or(0);
+        (c0, c1, vis)
+    }
+}
+
+impl CustomOp3 for Attention {
+    fn name(&self) -> &'static str {
+        "actguide-attention"
+    }
+
+    fn cpu_fwd(
+        &self,
+        sq: &CpuStorage,
+        lq: &Layout,
+        sk: &CpuStorage,
+        lk: &Layout,
+        sv: &CpuStorage,
+        lv: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (CpuStorage::F32(q), CpuStorage::F32(k), CpuStorage::F32(v)) = (sq, sk, sv) else {
+            candle_core::bail!("actguide-attention: only f32 is supported")
+        };
+        let Some((q0, q1)) = lq.contiguous_offsets() else {
+            candle_core::bail!("actguide-attention: q must be contiguous")
+        };
+        let q = &q[q0..q1];
+        let d = self.dims(lq, lk);
+        let (kv, vv) = (KvView::of(lk), KvView::of(lv));
+        let (rq, hd) = (d.rq, d.hd);
+        let mut out = vec![0f32; q.len()];
+        let mut lse = vec![0f32; q.len() / hd.max(1)];
+        if out.is_empty() || hd == 0 {
+            *self.lse.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(lse));
+            return Ok((CpuStorage::F32(out), lq.shape().clone()));
+        }
+        let blas = self.blas;
+        out.par_chunks_mut(rq * hd)
+            .zip(lse.par_chunks_mut(rq))
+            .enumerate()
+            .for_each(|(u, (ou, lu))| {
+                ou.par_chunks_mut(ROWS * hd)
+                    .zip(lu.par_chunks_mut(ROWS))
+                    .enumerate()
+                    .for_each(|(bk, (ob, lb))| {
+                        let (r0, m) = (bk * ROWS, lb.len());
+                        let (c0, c1, vis) = self.block_cols(d, u, r0, m);
+                        let n = c1 - c0;
+                        let qb = &q[(u * rq + r0) * hd..];
+                        let mut p = vec![0f32; m * n];
+                        blas.gemm_serial(
+                            (false, true),
+                            (m, n, hd),
+                            (qb, hd),
+                            (&k[kv.at(u, c0)..], kv.ld),
+                            (&mut p, n),
+                        );
+                        for ((row, l), &(lo, hi)) in p.chunks_mut(n).zip(lb.iter_mut()).zip(&vis) {
+                            *l = softmax_row(row, lo - c0, hi - c0, self.scale);
+                        }
+                        blas.gemm_serial(
+                            (false, false),
+                            (m, hd, n),
+                            (&p, n),
+                            (&v[vv.at(u, c0)..], vv.ld),
+                            (ob, hd),
+                        );
+                    });
+            });
+        *self.lse.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(lse));
+        Ok((CpuStorage::F32(out), lq.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        res: &Tensor,
+        grad_res: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let Some(lse) = self.lse.lock().unwrap_or_else(|e| e.into_inner()).clone() else {
+            candle_core::bail!("actguide-attention: backward before forward")
+        };
+        let (o, g) = (res.contiguous()?, grad_res.contiguous()?);
+        let (sq, lq) = q.storage_and_layout();
+        let (sk, lk) = k.storage_and_layout();
+        let (sv, lv) = v.storage_and_layout();
+        let (so, lo) = o.storage_and_layout();
+        let (sg, lg) = g.storage_and_layout();
+        fn f32s(s: &Storage) -> Option<&[f32]> {
+            match s {
+                Storage::Cpu(CpuStorage::F32(x)) => Some(x.as_slice()),
+                _ => None,
+            }
+        }
+        let (Some(qa), Some(ka), Some(va), Some(oa), Some(ga)) =
+            (f32s(&sq), f32s(&sk), f32s(&sv), f32s(&so), f32s(&sg))
+        else {
+            candle_core::bail!("actguide-attention: f32 CPU tensors only")
+        };
+        let (Some((q0, q1)), Some((o0, o1)), Some((g0, g1))) = (
+            lq.contiguous_offsets(),
+            lo.contiguous_offsets(),
+            lg.contiguous_offsets(),
+        ) else {
+            candle_core::bail!("actguide-attention: q, output and gradient must be contiguous")
+        };
+        let grads = self.backward(
+            (&qa[q0..q1], lq),
+            (ka, lk),
+            (va, lv),
+            &oa[o0..o1],
+            &ga[g0..g1],
+            &lse,
+        );
+        let dev = Device::Cpu;
+        let wrap = |t: &Tensor, x: Vec<f32>| -> candle_core::Result<Option<Tensor>> {
+            Ok(if t.track_op() {
+                Some(Tensor::from_vec(x, t.shape(), &dev)?)
+            } else {
+                None
+            })
+        };
+        let (dq, dk, dv) = grads;
+        Ok((wrap(q, dq)?, wrap(k, dk)?, wrap(v, dv)?))
+    }
+}
+
+impl Attention {
+    /// `(dq, dk, dv)`, unit by unit (a unit owns its kv head's `dk`, `dv`
+    /// rows, accumulated over its query blocks).
+    fn backward(
+        &self,
+        (q, lq): (&[f32], &Layout),
+        (k, lk): (&[f32], &Layout),
+        (v, lv): (&[f32], &Layout),
+        o: &[f32],
+        g: &[f32],
+        lse: &[f32],
+    ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+        let d = self.dims(lq, lk);
+        let (kv, vv) = (KvView::of(lk), KvView::of(lv));
+        let (rq, s, hd) = (d.rq, d.s, d.hd);
+        let mut dq = vec![0f32; q.len()];
+        let units = if rq * hd == 0 { 0 } else { q.len() / (rq * hd) };
+        let mut dk = vec![0f32; units * s * hd];
+        let mut dv = vec![0f32; units * s * hd];
+        if units == 0 || s == 0 {
+            return (dq, dk, dv);
+        }
+        let blas = self.blas;
+        dq.par_chunks_mut(rq * hd)
+            .zip(dk.par_chunks_mut(s * hd))
+            .zip(dv.par_chunks_mut(s * hd))
+            .enumerate()
+            .for_each(|(u, ((dqu, dku), dvu))| {
+                for r0 in (0..rq).step_by(ROWS) {
+                    let m = ROWS.min(rq - r0);
+                    let (c0, c1, vis) = self.block_cols(d, u, r0, m);
+                    let n = c1 - c0;
+                    let row0 = u * rq + r0;
+                    let (qb, ob, gb) = (
+                        &q[row0 * hd..(row0 + m) * hd],
+                        &o[row0 * hd..(row0 + m) * hd],
+                        &g[row0 * hd..(row0 + m) * hd],
+                    );
+                    let (ku, vu) = (&k[kv.at(u, c0)..], &v[vv.at(u, c0)..]);
+                    // P from the saved log-sum-exp.
+                    let mut p = vec![0f32; m * n];
+                    blas.gemm_serial((false, true), (m, n, hd), (qb, hd), (ku, kv.ld), (&mut p, n));
+                    for (i, (row, &(lo, hi))) in p.chunks_mut(n).zip(&vis).enumerate() {
+                        let l = lse[row0 + i];
+                        for (j, x) in row.iter_mut().enumerate() {
+                            let c = c0 + j;
+                            *x = if c < lo || c > hi {
+                                0.0
+                            } else {
+                                (*x * self.scale - l).exp()
+                            };
+                        }
+                    }
+                    // dV += Pᵀ dO.
+                    blas.gemm_serial_acc(
+                        (true, false),
+                        (n, hd, m),
+                        (&p, n),
+                        (gb, hd),
+                        (&mut dvu[c0 * hd..], hd),
+                    );
+                    // dS = scale · P ⊙ (dO Vᵀ − rowsum(dO ⊙ O)).
+                    let mut ds = vec![0f32; m * n];
+                    blas.gemm_serial((false, true), (m, n, hd), (gb, hd), (vu, vv.ld), (&mut ds, n));
+                    for (i, (dsr, pr)) in ds.chunks_mut(n).zip(p.chunks(n)).enumerate() {
+                        let dot: f32 = gb[i * hd..(i + 1) * hd]
+                            .iter()
+                            .zip(&ob[i * hd..(i + 1) * hd])
+                            .map(|(a, b)| a * b)
+                            .sum();
+                        for (x, &pv) in dsr.iter_mut().zip(pr) {
+                            *x = self.scale * pv * (*x - dot);
+                        }
+                    }
+                    // dQ = dS K, dK += dSᵀ Q.
+                    blas.gemm_serial(
+                        (false, false),
+                        (m, hd, n),
+                        (&ds, n),
+                        (ku, kv.ld),
+                        (&mut dqu[r0 * hd..], hd),
+                    );
+                    blas.gemm_serial_acc(
+                        (true, false),
+                        (n, hd, m),
+                        (&ds, n),
+                        (qb, hd),
+                        (&mut dku[c0 * hd..], hd),
+                    );
+                }
+            });
+        (dq, dk, dv)
+    }
+}
+
+/// Softmax of `scale · row` over columns `lo..=hi` in place (0 elsewhere);
+/// returns the log-sum-exp `log Σ exp(scale · x)` over those columns.
+fn softmax_row(row: &mut [f32], lo: usize, hi: usize, scale: f32) -> f32 {
+    let mx = row[lo..=hi].iter().fold(f32::NEG_INFINITY, |a, &x| a.max(x));
+    let mut sum = 0f32;
+    for x in &mut row[lo..=hi] {
+        let e = ((*x - mx) * scale).exp();
+        *x = e;
+        sum += e;
+    }
+    let inv = 1.0 / sum;
+    for x in &mut row[lo..=hi] {
+        *x *= inv;
+    }
+    row[..lo].fill(0.0);
+    row[hi + 1..].fill(0.0);
+    mx * scale + sum.ln()
+}
