@@ -140,7 +140,13 @@ impl Attention {
 
     /// Visible columns of the block of rows `r0..r0 + m` of unit `u`: the
     /// union `c0..c1` and each row's `(lo, hi)`.
-    fn block_cols(&self, d: Dims, u: usize, r0: usize, m: usize) -> (usize, usize, Vec<(usize, usize)>) {
+    fn block_cols(
+        &self,
+        d: Dims,
+        u: usize,
+        r0: usize,
+        m: usize,
+    ) -> (usize, usize, Vec<(usize, usize)>) {
         let vis: Vec<(usize, usize)> = (r0..r0 + m).map(|rr| self.visible(d, u, rr)).collect();
         let c0 = vis.iter().map(|v| v.0).min().unwrap_or(0);
         let c1 = vis.iter().map(|v| v.1 + 1).max().unwrap_or(0);
@@ -287,7 +293,7 @@ impl Attention {
         let (kv, vv) = (KvView::of(lk), KvView::of(lv));
         let (rq, s, hd) = (d.rq, d.s, d.hd);
         let mut dq = vec![0f32; q.len()];
-        let units = if rq * hd == 0 { 0 } else { q.len() / (rq * hd) };
+        let units = q.len().checked_div(rq * hd).unwrap_or(0);
         let mut dk = vec![0f32; units * s * hd];
         let mut dv = vec![0f32; units * s * hd];
         if units == 0 || s == 0 {
@@ -312,7 +318,13 @@ impl Attention {
                     let (ku, vu) = (&k[kv.at(u, c0)..], &v[vv.at(u, c0)..]);
                     // P from the saved log-sum-exp.
                     let mut p = vec![0f32; m * n];
-                    blas.gemm_serial((false, true), (m, n, hd), (qb, hd), (ku, kv.ld), (&mut p, n));
+                    blas.gemm_serial(
+                        (false, true),
+                        (m, n, hd),
+                        (qb, hd),
+                        (ku, kv.ld),
+                        (&mut p, n),
+                    );
                     for (i, (row, &(lo, hi))) in p.chunks_mut(n).zip(&vis).enumerate() {
                         let l = lse[row0 + i];
                         for (j, x) in row.iter_mut().enumerate() {
@@ -334,7 +346,13 @@ impl Attention {
                     );
                     // dS = scale · P ⊙ (dO Vᵀ − rowsum(dO ⊙ O)).
                     let mut ds = vec![0f32; m * n];
-                    blas.gemm_serial((false, true), (m, n, hd), (gb, hd), (vu, vv.ld), (&mut ds, n));
+                    blas.gemm_serial(
+                        (false, true),
+                        (m, n, hd),
+                        (gb, hd),
+                        (vu, vv.ld),
+                        (&mut ds, n),
+                    );
                     for (i, (dsr, pr)) in ds.chunks_mut(n).zip(p.chunks(n)).enumerate() {
                         let dot: f32 = gb[i * hd..(i + 1) * hd]
                             .iter()
@@ -369,7 +387,9 @@ impl Attention {
 /// Softmax of `scale · row` over columns `lo..=hi` in place (0 elsewhere);
 /// returns the log-sum-exp `log Σ exp(scale · x)` over those columns.
 fn softmax_row(row: &mut [f32], lo: usize, hi: usize, scale: f32) -> f32 {
-    let mx = row[lo..=hi].iter().fold(f32::NEG_INFINITY, |a, &x| a.max(x));
+    let mx = row[lo..=hi]
+        .iter()
+        .fold(f32::NEG_INFINITY, |a, &x| a.max(x));
     let mut sum = 0f32;
     for x in &mut row[lo..=hi] {
         let e = ((*x - mx) * scale).exp();

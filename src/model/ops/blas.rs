@@ -347,10 +347,7 @@ impl Blas {
     ) -> Option<Vec<f32>> {
         let f = self.gemm_bf16?;
         assert!(x.len() >= m * k && w.len() >= n * k, "gemm: short operand");
-        let xb: Vec<u16> = x[..m * k]
-            .iter()
-            .map(|&v| half::bf16::from_f32(v).to_bits())
-            .collect();
+        let xb: Vec<u16> = x[..m * k].iter().map(|&v| bf16_bits(v)).collect();
         let (pa, pb) = (PtrU16(xb.as_ptr()), PtrU16(w.as_ptr()));
         Some(par_blocks(m, n, k, &|(i0, mi), (j0, nj), c: Ptr| {
             let (pa, pb) = (pa, pb);
@@ -450,3 +447,49 @@ impl Ptr {
 // SAFETY: see `Blas::gemm`: blocks touch disjoint parts of C.
 unsafe impl Send for Ptr {}
 unsafe impl Sync for Ptr {}
+
+/// `half::bf16::from_f32(v).to_bits()` (round to nearest even, NaN kept
+/// quiet), written branch-free so the conversion loop vectorises: `half`'s
+/// scalar version was 4 % of a bf16 prefill in `perf`.
+#[inline]
+fn bf16_bits(v: f32) -> u16 {
+    let x = v.to_bits();
+    let rounded = (x.wrapping_add(0x7FFF + ((x >> 16) & 1)) >> 16) as u16;
+    if v.is_nan() {
+        (x >> 16) as u16 | 0x40
+    } else {
+        rounded
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bf16_bits_match_half() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
+        let special = [
+            0.0f32,
+            -0.0,
+            1.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            f32::MAX,
+            f32::MIN_POSITIVE,
+            1e-40,
+            -1e-42,
+        ];
+        let random = (0..200_000).map(|_| f32::from_bits(rng.random::<u32>()));
+        for v in special.into_iter().chain(random) {
+            assert_eq!(
+                bf16_bits(v),
+                half::bf16::from_f32(v).to_bits(),
+                "{v:e} ({:#x})",
+                v.to_bits()
+            );
+        }
+    }
+}

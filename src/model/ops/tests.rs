@@ -325,7 +325,14 @@ fn bmm_matches_matmul_forward_and_backward() {
 /// Reference attention with candle's differentiable ops: `softmax(q kᵀ ·
 /// scale + mask) v` per (batch, kv head), with the fused op's visibility
 /// rule (row `rr` is query position `rr % t`).
-fn ref_attention(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64, t: usize, pads: Option<&[usize]>) -> Tensor {
+fn ref_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    scale: f64,
+    t: usize,
+    pads: Option<&[usize]>,
+) -> Tensor {
     let (b, nkv, rq, _) = q.dims4().unwrap();
     let s = k.dim(2).unwrap();
     let mut mask = vec![f32::NEG_INFINITY; b * rq * s];
@@ -360,7 +367,16 @@ fn fused_attention_matches_composite_forward_and_backward() {
     }
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(21);
     // (b, n_kv, rep, t, s, hd, pads, cache columns before/after)
-    type Case = (usize, usize, usize, usize, usize, usize, Option<Vec<usize>>, usize);
+    type Case = (
+        usize,
+        usize,
+        usize,
+        usize,
+        usize,
+        usize,
+        Option<Vec<usize>>,
+        usize,
+    );
     let cases: [Case; 4] = [
         (2, 2, 2, 70, 70, 8, None, 0),
         (1, 1, 3, 5, 5, 4, None, 0),
