@@ -139,6 +139,8 @@ pub struct ModelBenchReport {
     pub repeats: usize,
     pub load_s: f64,
     pub rows: Vec<ModelBenchRow>,
+    /// Memory held by the MKL-packed bf16 rollout weights (`--rollout-bf16`).
+    pub rollout_packed_bytes: Option<usize>,
 }
 
 impl std::fmt::Display for ModelBenchReport {
@@ -169,6 +171,13 @@ impl std::fmt::Display for ModelBenchReport {
                 r.train_s,
                 r.optimizer_s,
                 r.decode_logp_mismatch
+            )?;
+        }
+        if let Some(b) = self.rollout_packed_bytes {
+            write!(
+                f,
+                "\npacked bf16 weights for decode: {:.0} MB",
+                b as f64 / 1048576.0
             )?;
         }
         Ok(())
@@ -406,6 +415,7 @@ pub fn run_with(
         });
     }
     Ok(ModelBenchReport {
+        rollout_packed_bytes: policy.rollout_packed_bytes(),
         implementation: format!(
             "actguide (candle, {}{}, {})",
             policy.precision(),

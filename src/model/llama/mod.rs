@@ -104,6 +104,9 @@ pub struct Policy {
 pub(in crate::model) struct RolloutCache {
     pub(in crate::model) key: (u64, Vec<candle_core::TensorId>),
     pub(in crate::model) w: Weights,
+    /// MKL-packed copies of `w`'s bf16 products, for decode-sized batches
+    /// (freed with the cache entry).
+    pub(in crate::model) packed: Option<crate::model::ops::PackedWeights>,
 }
 
 impl std::fmt::Debug for Policy {
@@ -164,6 +167,13 @@ impl Policy {
     /// Whether generation uses bf16 weight copies.
     pub fn rollout_bf16(&self) -> bool {
         self.rollout_bf16
+    }
+
+    /// Bytes held by the MKL-packed copies of the bf16 rollout weights
+    /// (decode-sized products), once generation has built them.
+    pub fn rollout_packed_bytes(&self) -> Option<usize> {
+        let cache = self.rollout_cache.lock().unwrap_or_else(|e| e.into_inner());
+        cache.as_ref()?.packed.as_ref().map(|p| p.bytes)
     }
 
     /// The compute precision (see [`Precision`]).

@@ -206,6 +206,18 @@ impl Weights {
         Ok(self)
     }
 
+    /// The weights [`Weights::rollout_bf16`] converts: every projection,
+    /// the fused gate/up and the LM head.
+    pub(crate) fn rollout_products(&self) -> Vec<&Tensor> {
+        let mut out = Vec::new();
+        for l in &self.layers {
+            out.extend([&l.q, &l.k, &l.v, &l.o, &l.down]);
+            out.extend(l.gu.as_ref());
+        }
+        out.extend(self.lm_head.as_ref());
+        out
+    }
+
     /// The ids of every tensor, in a fixed order: with
     /// [`weights_epoch`], what a cache of derived weights is keyed by
     /// (a replaced tensor has a new id; an updated `Var` keeps its id but

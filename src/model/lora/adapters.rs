@@ -227,7 +227,8 @@ impl Policy {
     /// Weights for generation: detached, with any adapters merged in (one
     /// small `B A` product per adapter per call, instead of two extra
     /// matmuls per adapted projection per token), in the compute dtype;
-    /// the products' weights in bf16 under [`Policy::set_rollout_bf16`].
+    /// the products' weights in bf16 under [`Policy::set_rollout_bf16`],
+    /// also packed for MKL's decode-sized products.
     pub(in crate::model) fn inference_weights(&self) -> Result<Weights> {
         if !self.rollout_bf16 {
             return self.merged_weights();
@@ -237,8 +238,15 @@ impl Policy {
         if let Some(c) = cache.as_ref().filter(|c| c.key == key) {
             return Ok(c.w.clone());
         }
+        // Free the stale copies first; their packed buffers are reused.
+        let old = cache.take().and_then(|c| c.packed);
         let w = self.merged_weights()?.rollout_bf16()?;
-        *cache = Some(RolloutCache { key, w: w.clone() });
+        let packed = crate::model::ops::PackedWeights::pack(&w.rollout_products(), old)?;
+        *cache = Some(RolloutCache {
+            key,
+            w: w.clone(),
+            packed,
+        });
         Ok(w)
     }
 

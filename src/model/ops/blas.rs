@@ -66,15 +66,48 @@ type GemmBf16 = unsafe extern "C" fn(
     ldc: i32,
 ) -> ();
 
+/// MKL's `cblas_gemm_bf16bf16f32_pack_get_size`.
+type PackGetSize = unsafe extern "C" fn(identifier: i32, m: i32, n: i32, k: i32) -> usize;
+/// MKL's `cblas_gemm_bf16bf16f32_pack`.
+type PackBf16 = unsafe extern "C" fn(
+    layout: i32,
+    identifier: i32,
+    trans: i32,
+    m: i32,
+    n: i32,
+    k: i32,
+    src: *const u16,
+    ld: i32,
+    dest: *mut u16,
+) -> ();
+
+/// MKL's bf16 packing API: a weight packed once into the kernels' own
+/// layout, then multiplied by `cblas_gemm_bf16bf16f32_compute` (same
+/// signature as [`GemmBf16`], with [`PACKED`] for the packed operand).
+#[derive(Clone, Copy)]
+struct Bf16Packing {
+    get_size: PackGetSize,
+    pack: PackBf16,
+    compute: GemmBf16,
+}
+
 const ROW_MAJOR: i32 = 101;
 const NO_TRANS: i32 = 111;
 const TRANS: i32 = 112;
+/// `CblasPacked` and `CblasBMatrix` (MKL's packing API).
+const PACKED: i32 = 151;
+const B_MATRIX: i32 = 162;
+/// The `m` MKL is told when packing a B operand: its packed layout does not
+/// depend on it (checked against unpacked products for 1 to 640 rows).
+const PACK_M: i32 = 32;
 
 /// A loaded BLAS.
 pub(crate) struct Blas {
     sgemm: Sgemm,
     /// MKL only: bf16 × bf16 → f32 products (bf16 rollout weights).
     gemm_bf16: Option<GemmBf16>,
+    /// MKL only: packed bf16 weights for small-batch products (decode).
+    bf16_packing: Option<Bf16Packing>,
     /// What was loaded, for logs (`MKL (…/libmkl_rt.so.3)`).
     pub(crate) name: String,
     _lib: Library,
@@ -147,6 +180,21 @@ fn open(path: &str) -> Option<Blas> {
             .ok()
             .map(|f| *f)
     };
+    // SAFETY: as above, MKL's C signatures.
+    let bf16_packing = unsafe {
+        match (
+            lib.get::<PackGetSize>(b"cblas_gemm_bf16bf16f32_pack_get_size\0"),
+            lib.get::<PackBf16>(b"cblas_gemm_bf16bf16f32_pack\0"),
+            lib.get::<GemmBf16>(b"cblas_gemm_bf16bf16f32_compute\0"),
+        ) {
+            (Ok(get_size), Ok(pack), Ok(compute)) if gemm_bf16.is_some() => Some(Bf16Packing {
+                get_size: *get_size,
+                pack: *pack,
+                compute: *compute,
+            }),
+            _ => None,
+        }
+    };
     let mut name = path.to_string();
     unsafe {
         if let Ok(set_layer) =
@@ -164,6 +212,7 @@ fn open(path: &str) -> Option<Blas> {
     let blas = Blas {
         sgemm,
         gemm_bf16,
+        bf16_packing,
         name,
         _lib: lib,
     };
@@ -372,6 +421,114 @@ impl Blas {
             }
         }))
     }
+
+    /// A bf16 weight `(n, k)` (raw bits), as the `B = wᵀ` operand of later
+    /// products, packed into MKL's kernel layout: one block of columns per
+    /// rayon thread, so a product runs its blocks in parallel. `reuse`: an
+    /// earlier packing of a weight of the same shape, whose buffers are
+    /// overwritten instead of allocating (and page-faulting) new ones.
+    /// `None` without MKL's packing API.
+    pub(crate) fn pack_bf16_nt(
+        &self,
+        n: usize,
+        k: usize,
+        w: &[u16],
+        reuse: Option<PackedBf16>,
+    ) -> Option<PackedBf16> {
+        let api = self.bf16_packing?;
+        assert!(w.len() >= n * k, "pack: short operand");
+        let threads = rayon::current_num_threads().max(1);
+        let per = n.div_ceil(threads).div_ceil(16).max(1) * 16;
+        let plan: Vec<(usize, usize)> = (0..n)
+            .step_by(per)
+            .map(|j0| (j0, per.min(n - j0)))
+            .collect();
+        let mut old: Vec<Option<AlignedBuf>> = match reuse {
+            Some(p) if p.k == k && p.blocks.iter().map(|b| (b.0, b.1)).eq(plan.iter().copied()) => {
+                p.blocks.into_iter().map(|b| Some(b.2)).collect()
+            }
+            _ => plan.iter().map(|_| None).collect(),
+        };
+        let blocks = plan
+            .iter()
+            .zip(old.iter_mut())
+            .map(|(&(j0, nj), old)| {
+                // SAFETY: MKL's size query, then a pack into a buffer of at
+                // least that many bytes, reading rows j0..j0 + nj of w.
+                unsafe {
+                    let bytes = (api.get_size)(B_MATRIX, PACK_M, nj as i32, k as i32);
+                    let mut buf = match old.take() {
+                        Some(b) if b.len >= bytes => b,
+                        _ => AlignedBuf::new(bytes),
+                    };
+                    (api.pack)(
+                        ROW_MAJOR,
+                        B_MATRIX,
+                        TRANS,
+                        PACK_M,
+                        nj as i32,
+                        k as i32,
+                        w.as_ptr().add(j0 * k),
+                        k as i32,
+                        buf.as_mut_ptr().cast::<u16>(),
+                    );
+                    (j0, nj, buf)
+                }
+            })
+            .collect();
+        Some(PackedBf16 { n, k, blocks })
+    }
+
+    /// `x (m, k) @ wᵀ` for a weight packed by [`Blas::pack_bf16_nt`], in
+    /// f32 (`x` rounded to bf16 first, as in [`Blas::gemm_bf16_nt`]).
+    pub(crate) fn gemm_bf16_packed(&self, m: usize, x: &[f32], w: &PackedBf16) -> Vec<f32> {
+        let api = self.bf16_packing.expect("packed by this library");
+        let (n, k) = (w.n, w.k);
+        assert!(x.len() >= m * k, "gemm: short operand");
+        if m == 0 || n == 0 {
+            return Vec::new();
+        }
+        let xb: Vec<u16> = x[..m * k].iter().map(|&v| bf16_bits(v)).collect();
+        let mut out: Vec<f32> = Vec::with_capacity(m * n);
+        let pc = Ptr(out.spare_capacity_mut().as_mut_ptr().cast::<f32>());
+        let pa = PtrU16(xb.as_ptr());
+        let run = |(j0, nj, buf): &(usize, usize, AlignedBuf)| {
+            let (pa, pc) = (pa, pc);
+            // SAFETY: block j writes columns j0..j0 + nj of the m × n output,
+            // disjoint from the others; the operands were checked above.
+            unsafe {
+                (api.compute)(
+                    ROW_MAJOR,
+                    NO_TRANS,
+                    PACKED,
+                    m as i32,
+                    *nj as i32,
+                    k as i32,
+                    1.0,
+                    pa.0,
+                    k as i32,
+                    buf.as_ptr().cast::<u16>(),
+                    k as i32,
+                    0.0,
+                    pc.offset(*j0).0,
+                    n as i32,
+                )
+            }
+        };
+        if w.blocks.len() == 1 {
+            run(&w.blocks[0]);
+        } else {
+            rayon::scope(|s| {
+                for b in &w.blocks {
+                    let run = &run;
+                    s.spawn(move |_| run(b));
+                }
+            });
+        }
+        // SAFETY: the blocks cover every column of every row (beta = 0).
+        unsafe { out.set_len(m * n) };
+        out
+    }
 }
 
 /// Runs `block((row0, rows), (col0, cols), c)` over blocks of a new row-major
@@ -447,6 +604,46 @@ impl Ptr {
 // SAFETY: see `Blas::gemm`: blocks touch disjoint parts of C.
 unsafe impl Send for Ptr {}
 unsafe impl Sync for Ptr {}
+
+/// A bf16 weight packed by [`Blas::pack_bf16_nt`]: column blocks
+/// `(first column, columns, packed buffer)`.
+pub(crate) struct PackedBf16 {
+    n: usize,
+    k: usize,
+    blocks: Vec<(usize, usize, AlignedBuf)>,
+}
+
+impl PackedBf16 {
+    /// Bytes held (the packed layout pads; MKL asks for more than `2 n k`).
+    pub(crate) fn bytes(&self) -> usize {
+        self.blocks.iter().map(|b| b.2.len).sum()
+    }
+}
+
+/// A zeroed byte buffer whose start is 64-byte aligned (MKL's packed
+/// buffers). Large zeroed allocations are mapped lazily, so pages MKL's
+/// padding never touches cost no memory.
+struct AlignedBuf {
+    raw: Vec<u8>,
+    off: usize,
+    len: usize,
+}
+
+impl AlignedBuf {
+    fn new(len: usize) -> AlignedBuf {
+        let raw = vec![0u8; len + 64];
+        let off = raw.as_ptr().align_offset(64);
+        AlignedBuf { raw, off, len }
+    }
+
+    fn as_ptr(&self) -> *const u8 {
+        self.raw[self.off..].as_ptr()
+    }
+
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.raw[self.off..].as_mut_ptr()
+    }
+}
 
 /// `half::bf16::from_f32(v).to_bits()` (round to nearest even, NaN kept
 /// quiet), written branch-free so the conversion loop vectorises: `half`'s

@@ -30,7 +30,7 @@ mod swiglu;
 pub(crate) use attention::attention;
 pub use blas::matmul_backend;
 pub(crate) use bmm::bmm;
-pub(crate) use linear::{bf16_rollouts_available, frozen_linear, linear};
+pub(crate) use linear::{bf16_rollouts_available, frozen_linear, linear, PackedWeights};
 pub(crate) use logp::logp_entropy;
 pub(crate) use norm::rms_norm;
 pub(crate) use rope::{rope_heads_first, RopeTables};
@@ -38,7 +38,10 @@ pub(crate) use softmax::causal_softmax;
 pub(crate) use swiglu::swiglu;
 #[cfg(test)]
 pub(crate) use {
-    logp::logp_entropy_composite, rope::rope_heads_first_composite, swiglu::swiglu_composite,
+    linear::{is_packed, PACKED_PRODUCTS},
+    logp::logp_entropy_composite,
+    rope::rope_heads_first_composite,
+    swiglu::swiglu_composite,
 };
 
 #[cfg(test)]

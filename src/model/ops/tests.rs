@@ -413,3 +413,37 @@ fn fused_attention_matches_composite_forward_and_backward() {
         }
     }
 }
+
+/// bf16 products with an MKL-packed weight (decode-sized batches) against
+/// the unpacked bf16 product, at widths that are not multiples of the
+/// 16-column blocks; dropping the packed copies unregisters them.
+#[test]
+fn packed_bf16_weights_match_unpacked_products() {
+    if !bf16_rollouts_available() {
+        println!("SKIPPED: no BLAS with bf16 products (scripts/install-mkl.sh)");
+        return;
+    }
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(33);
+    for (n, k) in [(100, 64), (577, 96)] {
+        let w = randn(&mut rng, &[n, k])
+            .as_tensor()
+            .to_dtype(candle_core::DType::BF16)
+            .unwrap();
+        for m in [1, 5, 64, 65] {
+            let x = randn(&mut rng, &[m, k]);
+            let plain = linear(x.as_tensor(), &w).unwrap();
+            let packed = PackedWeights::pack(&[&w], None)
+                .unwrap()
+                .expect("MKL has the packing API");
+            assert!(packed.bytes >= 2 * n * k && is_packed(w.id()));
+            let before = PACKED_PRODUCTS.with(|c| c.get());
+            let y = linear(x.as_tensor(), &w).unwrap();
+            let used = PACKED_PRODUCTS.with(|c| c.get()) > before;
+            assert_eq!(used, m <= 64, "{m} rows: packed weight used: {used}");
+            let d = max_diff(&y, &plain);
+            assert!(d < 1e-4 * k as f32, "{m}x{k}x{n}: packed differs by {d}");
+            drop(packed);
+            assert!(!is_packed(w.id()), "dropped packs stay registered");
+        }
+    }
+}
