@@ -68,20 +68,30 @@ impl MemoryEstimate {
 /// Bytes the training path keeps per token of a sequence of `t` tokens, all
 /// layers together: per layer the saved inputs and outputs of the norms,
 /// the q/k/v projections and rotary, the attention scores and weights
-/// (`heads × t` per token, in f32 whatever the dtype), the attention
-/// output and its projection, the fused gate/up projection, SwiGLU, the
-/// down projection and both residual sums, times 1.6 for what that count
-/// misses (reshape copies, the backward pass's transient gradients, the
-/// allocator). Measured on SmolLM2-135M (f32, CPU, bench-model's train
-/// step at 4 and 8 sequences of 256 tokens): 2.96 MB per token; this
-/// gives 3.13 MB.
-pub fn train_bytes_per_token(cfg: &ModelConfig, precision: Precision, t: usize) -> u64 {
+/// (`heads × t` per token, in f32 whatever the dtype; none when attention
+/// is fused), the attention output and its projection, the fused gate/up
+/// projection, SwiGLU, the down projection and both residual sums, times
+/// 1.6 for what that count misses (reshape copies, the backward pass's
+/// transient gradients, the allocator). Measured on SmolLM2-135M (f32, CPU,
+/// the growth of bench-model's peak from 4 to 8 sequences of 256 tokens):
+/// 2.78 MB per token with the composite attention (no BLAS), 2.09 MB fused
+/// (MKL); this gives 3.13 and 2.25 MB.
+pub fn train_bytes_per_token(
+    cfg: &ModelConfig,
+    precision: Precision,
+    t: usize,
+    fused_attention: bool,
+) -> u64 {
     let h = cfg.hidden_size as u64;
     let a = (cfg.num_attention_heads * cfg.head_dim()) as u64;
     let kv = (cfg.num_key_value_heads * cfg.head_dim()) as u64;
     let i = cfg.intermediate_size as u64;
     let elems = 7 * h + 4 * a + 4 * kv + 3 * i;
-    let scores = 2 * cfg.num_attention_heads as u64 * t as u64 * 4;
+    let scores = if fused_attention {
+        0
+    } else {
+        2 * cfg.num_attention_heads as u64 * t as u64 * 4
+    };
     let per_layer = elems * precision.bytes() as u64 + scores;
     per_layer * cfg.num_hidden_layers as u64 * 8 / 5
 }
@@ -109,6 +119,9 @@ pub struct Footprint {
     /// Trained scalars (every weight, or the LoRA adapters).
     pub trained: u64,
     pub lora: bool,
+    /// Attention runs fused (f32 on the CPU with a BLAS): no `(t, t)`
+    /// scores or probabilities are kept for the backward.
+    pub fused_attention: bool,
 }
 
 impl Footprint {
@@ -119,6 +132,9 @@ impl Footprint {
             params: policy.num_params() as u64,
             trained: policy.num_trainable_params() as u64,
             lora: policy.lora().is_some(),
+            fused_attention: policy.device().is_cpu()
+                && policy.precision() == Precision::F32
+                && crate::model::fused_attention_available(),
         }
     }
 }
@@ -160,7 +176,8 @@ pub fn estimate_for(m: &Footprint, shape: &RunShape) -> MemoryEstimate {
     // The prefill's largest activation is chunked (a few MB), so the cache
     // dominates generation's transient memory.
     let rollout = copy + kv;
-    let per_sequence = train_bytes_per_token(cfg, p, shape.seq_len) * shape.seq_len as u64
+    let per_sequence = train_bytes_per_token(cfg, p, shape.seq_len, m.fused_attention)
+        * shape.seq_len as u64
             // LM head rows of the answer's targets: logits and their gradient.
             + 2 * 64 * cfg.vocab_size as u64 * 4;
     MemoryEstimate {
@@ -393,16 +410,20 @@ mod tests {
             params: 134_515_008,
             trained: if lora { 2_442_240 } else { 134_515_008 },
             lora,
+            fused_attention: false,
         }
     }
 
     #[test]
     fn the_activation_model_matches_the_measured_smollm2_step() {
-        // Measured: 2.96 MB per token (f32, 256-token sequences).
-        let b = train_bytes_per_token(&smollm2(), Precision::F32, 256) as f64 / 1e6;
-        assert!((2.96..3.3).contains(&b), "{b} MB per token");
+        // Measured: 2.78 MB per token (f32, 256-token sequences), 2.09
+        // with the fused attention.
+        let b = train_bytes_per_token(&smollm2(), Precision::F32, 256, false) as f64 / 1e6;
+        assert!((2.78..3.3).contains(&b), "{b} MB per token");
+        let f = train_bytes_per_token(&smollm2(), Precision::F32, 256, true) as f64 / 1e6;
+        assert!((2.09..2.5).contains(&f), "{f} MB per token fused");
         // bf16 halves the saved activations except the f32 attention scores.
-        let h = train_bytes_per_token(&smollm2(), Precision::Bf16, 256) as f64 / 1e6;
+        let h = train_bytes_per_token(&smollm2(), Precision::Bf16, 256, false) as f64 / 1e6;
         assert!(h < 0.7 * b, "{h} vs {b}");
     }
 

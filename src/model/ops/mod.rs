@@ -28,6 +28,12 @@ mod softmax;
 mod swiglu;
 
 pub(crate) use attention::attention;
+
+/// Whether attention runs fused on this machine's CPU f32 path (a BLAS
+/// is loaded): no `(t, t)` scores are kept for the backward.
+pub fn fused_attention_available() -> bool {
+    blas::blas().is_some()
+}
 pub use blas::matmul_backend;
 pub(crate) use bmm::bmm;
 pub(crate) use linear::{bf16_rollouts_available, frozen_linear, linear, PackedWeights};
