@@ -27,7 +27,8 @@ pub const USABLE_SHARE: f64 = 0.85;
 /// The estimate's parts, in bytes.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct MemoryEstimate {
-    /// Stored weights (trained f32 masters and frozen weights).
+    /// Stored weights (trained f32 masters and frozen weights, and any
+    /// cached bf16 rollout copies).
     pub weights: u64,
     /// Gradients and AdamW moments of the trained parameters.
     pub optimizer: u64,
@@ -122,6 +123,9 @@ pub struct Footprint {
     /// Attention runs fused (f32 on the CPU with a BLAS): no `(t, t)`
     /// scores or probabilities are kept for the backward.
     pub fused_attention: bool,
+    /// Bytes of the cached bf16 rollout weights and their MKL-packed
+    /// copies (`model.rollout_bf16`; 0 otherwise), held all run long.
+    pub rollout_copies: u64,
 }
 
 impl Footprint {
@@ -135,8 +139,28 @@ impl Footprint {
             fused_attention: policy.device().is_cpu()
                 && policy.precision() == Precision::F32
                 && crate::model::fused_attention_available(),
+            rollout_copies: if policy.rollout_bf16() {
+                rollout_copy_bytes(policy.config())
+            } else {
+                0
+            },
         }
     }
+}
+
+/// The bf16 copies of every product weight (projections, gate/up, LM
+/// head) plus their packed copies.
+fn rollout_copy_bytes(cfg: &ModelConfig) -> u64 {
+    let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
+    let a = cfg.num_attention_heads * cfg.head_dim();
+    let kv = cfg.num_key_value_heads * cfg.head_dim();
+    let mut shapes = Vec::new();
+    for _ in 0..cfg.num_hidden_layers {
+        shapes.extend([(a, h), (kv, h), (kv, h), (h, a), (2 * i, h), (h, i)]);
+    }
+    shapes.push((cfg.vocab_size, h));
+    let elems: u64 = shapes.iter().map(|&(n, k)| (n * k) as u64).sum();
+    elems * 2 + crate::model::packed_rollout_bytes(&shapes)
 }
 
 /// Estimates the peak of a run of `policy` with `shape`.
@@ -154,7 +178,7 @@ pub fn estimate_for(m: &Footprint, shape: &RunShape) -> MemoryEstimate {
     // Full training: every weight is an f32 master; under LoRA the base
     // is frozen in the compute dtype and only the adapters are f32.
     let frozen = if lora { total } else { 0 };
-    let weights = frozen * p.bytes() as u64 + trained * 4;
+    let weights = frozen * p.bytes() as u64 + trained * 4 + m.rollout_copies;
     let optimizer = trained * 3 * 4;
     let reference = if shape.reference {
         total * p.bytes() as u64
@@ -411,6 +435,7 @@ mod tests {
             trained: if lora { 2_442_240 } else { 134_515_008 },
             lora,
             fused_attention: false,
+            rollout_copies: 0,
         }
     }
 

@@ -479,6 +479,21 @@ impl Blas {
         Some(PackedBf16 { n, k, blocks })
     }
 
+    /// Bytes [`Blas::pack_bf16_nt`] allocates for an `(n, k)` weight with
+    /// the current rayon pool; `None` without MKL's packing API.
+    pub(crate) fn packed_bf16_bytes(&self, n: usize, k: usize) -> Option<usize> {
+        let api = self.bf16_packing?;
+        let threads = rayon::current_num_threads().max(1);
+        let per = n.div_ceil(threads).div_ceil(16).max(1) * 16;
+        Some(
+            (0..n)
+                .step_by(per)
+                // SAFETY: MKL's size query reads nothing but its arguments.
+                .map(|j0| unsafe { (api.get_size)(B_MATRIX, PACK_M, per.min(n - j0) as i32, k as i32) } + 64)
+                .sum(),
+        )
+    }
+
     /// `x (m, k) @ wᵀ` for a weight packed by [`Blas::pack_bf16_nt`], in
     /// f32 (`x` rounded to bf16 first, as in [`Blas::gemm_bf16_nt`]).
     pub(crate) fn gemm_bf16_packed(&self, m: usize, x: &[f32], w: &PackedBf16) -> Vec<f32> {

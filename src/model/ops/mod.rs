@@ -29,6 +29,17 @@ mod swiglu;
 
 pub(crate) use attention::attention;
 
+/// Bytes the MKL-packed copies of bf16 rollout weights of these `(n, k)`
+/// shapes take (0 without MKL's packing API).
+pub fn packed_rollout_bytes(shapes: &[(usize, usize)]) -> u64 {
+    blas::blas().map_or(0, |b| {
+        shapes
+            .iter()
+            .map(|&(n, k)| b.packed_bf16_bytes(n, k).unwrap_or(0) as u64)
+            .sum()
+    })
+}
+
 /// Whether attention runs fused on this machine's CPU f32 path (a BLAS
 /// is loaded): no `(t, t)` scores are kept for the backward.
 pub fn fused_attention_available() -> bool {

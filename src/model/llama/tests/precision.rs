@@ -238,6 +238,13 @@ fn bf16_rollout_weights_track_the_f32_policy() {
         "bf16 weights gave exactly the f32 log-probs: not used?"
     );
     assert!(before < 0.1, "bf16 behaviour log-probs off by {before}");
+    // The memory estimate covers the packed copies generation built.
+    let packed = p.rollout_packed_bytes().expect("MKL packs bf16 weights") as u64;
+    let counted = crate::experiment::memory::Footprint::of(&p).rollout_copies;
+    assert!(
+        counted >= packed && counted <= packed + 4 * p.num_params() as u64,
+        "estimate {counted} against {packed} packed bytes"
+    );
     // A large step: stale bf16 copies would now be far off.
     let mut opt = AdamW::new(p.named_vars(), AdamWParams::without_decay()).unwrap();
     let out = p.score(&lora_batch()).unwrap();
