@@ -3,7 +3,9 @@
 //! with any LoRA updates), the final norm and LM head, and how sequences
 //! are chunked so no activation grows past a few MB.
 
-use candle_core::{DType, Tensor};
+use std::cell::OnceCell;
+
+use candle_core::{DType, Device, Tensor};
 
 use super::cache::LayerCache;
 use super::{LayerW, Policy, Weights};
@@ -14,7 +16,7 @@ use crate::model::ops;
 /// Additive mask value for hidden attention columns. `-inf` gives exactly
 /// zero weight; every query row keeps at least its own column visible, so no
 /// row is all `-inf` (which would give NaN).
-pub(super) const MASKED: f32 = f32::NEG_INFINITY;
+const MASKED: f32 = f32::NEG_INFINITY;
 
 /// Budget (in f32 elements) for the largest activation of one chunk of
 /// sequences (attention scores or the fused gate/up projection). Scoring
@@ -34,11 +36,28 @@ thread_local! {
 pub(super) enum AttnMask<'a> {
     /// Plain causal mask (scoring: right-padded, positions from 0).
     Causal,
-    /// Generation (left padding): an additive mask broadcastable to
-    /// `(b, n_kv, n_rep, t, s)` for the composite path, and the same mask as
-    /// each row's first visible key column for the fused one (query `i`
-    /// sees columns `pads[row] ..= i + s - t`; a pad query sees itself).
-    Padded { mask: &'a Tensor, pads: &'a [usize] },
+    /// Generation (left padding): query `i` of batch row `r` sees key
+    /// columns `pads[r] ..= i + s - t`; a pad query, whose range is empty,
+    /// sees its own column (finite; its output is never read). `mask` holds
+    /// the additive form the composite path needs, built on first use (the
+    /// fused path reads `pads` alone).
+    Padded {
+        pads: &'a [usize],
+        mask: &'a OnceCell<Tensor>,
+    },
+}
+
+/// [`AttnMask::Padded`]'s additive mask, `(b, 1, 1, t, s)`.
+fn padded_mask(pads: &[usize], t: usize, s: usize, device: &Device) -> Result<Tensor> {
+    let mut m = vec![MASKED; pads.len() * t * s];
+    for (r, &pad) in pads.iter().enumerate() {
+        for i in 0..t {
+            let hi = i + s - t;
+            let row = (r * t + i) * s;
+            m[row + pad.min(hi)..=row + hi].fill(0.0);
+        }
+    }
+    Ok(Tensor::from_vec(m, (pads.len(), 1, 1, t, s), device)?)
 }
 
 impl Policy {
@@ -182,7 +201,11 @@ impl Policy {
             AttnMask::Causal => ops::causal_softmax(&ops::bmm(&q, &k, true)?, scale, t)?,
             // Generation path (detached weights, no backward needed), so
             // candle's fused forward-only softmax is fine here.
-            AttnMask::Padded { mask: m, .. } => {
+            AttnMask::Padded { pads, mask } => {
+                if mask.get().is_none() {
+                    let _ = mask.set(padded_mask(pads, t, s, &self.device)?);
+                }
+                let m = mask.get().expect("set above");
                 let att = ops::bmm(&q.affine(scale, 0.0)?, &k, true)?
                     .reshape((b, nkv, rep, t, s))?
                     .to_dtype(DType::F32)?

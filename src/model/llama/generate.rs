@@ -5,7 +5,9 @@
 use candle_core::Tensor;
 use rand_chacha::ChaCha8Rng;
 
-use super::block::{AttnMask, MASKED};
+use std::cell::OnceCell;
+
+use super::block::AttnMask;
 use super::cache::{self, LayerCache};
 use super::{Policy, Weights};
 use crate::model::error::{ModelError, Result};
@@ -208,15 +210,10 @@ impl Policy {
         let b = last.len();
         let rope = self.rope_tables(positions, b, 1);
         // Columns before every active sequence's first real token are
-        // skipped outright; the rest of the padding is masked.
+        // skipped outright; the rest of the padding is hidden.
         let from = pads.iter().copied().min().unwrap_or(0);
-        let s = off + 1 - from;
-        let mut mask = vec![0f32; b * s];
-        for (r, &pad) in pads.iter().enumerate() {
-            mask[r * s..r * s + pad - from].fill(MASKED);
-        }
-        let mask = Tensor::from_vec(mask, (b, 1, 1, 1, s), &self.device)?;
         let first: Vec<usize> = pads.iter().map(|&p| p - from).collect();
+        let mask = OnceCell::new();
         let mut x = self.embed(w, last)?;
         for (lw, c) in w.layers.iter().zip(cache.iter_mut()) {
             x = self.block(
@@ -226,8 +223,8 @@ impl Policy {
                 1,
                 &rope,
                 AttnMask::Padded {
-                    mask: &mask,
                     pads: &first,
+                    mask: &mask,
                 },
                 Some((c, off, from)),
             )?;
@@ -274,26 +271,18 @@ impl Policy {
         let pad_id = self.cfg.pad_token_id.unwrap_or(0);
         let mut ids = vec![pad_id; b * t];
         let mut positions = vec![0usize; b * t];
-        // Row r, query i may see column j iff j <= i and j is a real token;
-        // pad queries see themselves (keeps every row finite; their outputs
-        // are never read).
-        let mut mask = vec![MASKED; b * t * t];
+        // Row r, query i sees columns pad..=i (its real tokens); pad
+        // queries see themselves (`AttnMask::Padded`).
         for (r, p) in prompts.iter().enumerate() {
             let pad = t - p.len();
             ids[r * t + pad..(r + 1) * t].copy_from_slice(p);
             for i in 0..t {
                 positions[r * t + i] = i.saturating_sub(pad);
-                let row = &mut mask[(r * t + i) * t..(r * t + i + 1) * t];
-                if i < pad {
-                    row[i] = 0.0;
-                } else {
-                    row[pad..=i].fill(0.0);
-                }
             }
         }
         let rope = self.rope_tables(&positions, b, t);
-        let mask = Tensor::from_vec(mask, (b, 1, 1, t, t), &self.device)?;
         let first: Vec<usize> = prompts.iter().map(|p| t - p.len()).collect();
+        let mask = OnceCell::new();
         let (nkv, hd) = (self.cfg.num_key_value_heads, self.cfg.head_dim());
         let mut cache = Vec::with_capacity(w.layers.len());
         let mut x = self.embed(w, &ids)?;
@@ -306,8 +295,8 @@ impl Policy {
                 t,
                 &rope,
                 AttnMask::Padded {
-                    mask: &mask,
                     pads: &first,
+                    mask: &mask,
                 },
                 Some((&mut c, off, off)),
             )?;

@@ -20,6 +20,12 @@ use super::blas::{blas, Blas};
 use super::fused;
 use crate::model::error::Result;
 
+/// Whether attention runs fused on this machine's CPU f32 path (a BLAS is
+/// loaded): no `(t, t)` scores are kept for the backward.
+pub fn fused_attention_available() -> bool {
+    blas().is_some()
+}
+
 /// Query rows per block: the scratch of a block is `ROWS × s` floats.
 const ROWS: usize = 64;
 

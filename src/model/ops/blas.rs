@@ -437,12 +437,7 @@ impl Blas {
     ) -> Option<PackedBf16> {
         let api = self.bf16_packing?;
         assert!(w.len() >= n * k, "pack: short operand");
-        let threads = rayon::current_num_threads().max(1);
-        let per = n.div_ceil(threads).div_ceil(16).max(1) * 16;
-        let plan: Vec<(usize, usize)> = (0..n)
-            .step_by(per)
-            .map(|j0| (j0, per.min(n - j0)))
-            .collect();
+        let plan = pack_plan(n);
         let mut old: Vec<Option<AlignedBuf>> = match reuse {
             Some(p) if p.k == k && p.blocks.iter().map(|b| (b.0, b.1)).eq(plan.iter().copied()) => {
                 p.blocks.into_iter().map(|b| Some(b.2)).collect()
@@ -483,13 +478,13 @@ impl Blas {
     /// the current rayon pool; `None` without MKL's packing API.
     pub(crate) fn packed_bf16_bytes(&self, n: usize, k: usize) -> Option<usize> {
         let api = self.bf16_packing?;
-        let threads = rayon::current_num_threads().max(1);
-        let per = n.div_ceil(threads).div_ceil(16).max(1) * 16;
         Some(
-            (0..n)
-                .step_by(per)
+            pack_plan(n)
+                .into_iter()
                 // SAFETY: MKL's size query reads nothing but its arguments.
-                .map(|j0| unsafe { (api.get_size)(B_MATRIX, PACK_M, per.min(n - j0) as i32, k as i32) } + 64)
+                .map(
+                    |(_, nj)| unsafe { (api.get_size)(B_MATRIX, PACK_M, nj as i32, k as i32) } + 64,
+                )
                 .sum(),
         )
     }
@@ -544,6 +539,17 @@ impl Blas {
         unsafe { out.set_len(m * n) };
         out
     }
+}
+
+/// The column blocks `(first column, columns)` a packed `(n, k)` weight is
+/// split into: one per rayon thread, in multiples of 16 columns.
+fn pack_plan(n: usize) -> Vec<(usize, usize)> {
+    let threads = rayon::current_num_threads().max(1);
+    let per = n.div_ceil(threads).div_ceil(16).max(1) * 16;
+    (0..n)
+        .step_by(per)
+        .map(|j0| (j0, per.min(n - j0)))
+        .collect()
 }
 
 /// Runs `block((row0, rows), (col0, cols), c)` over blocks of a new row-major

@@ -68,32 +68,26 @@ fn bf16_linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
         ))
         .into());
     }
-    let (sx, lx) = x.storage_and_layout();
-    let (sw, lw) = w.storage_and_layout();
-    let (Storage::Cpu(CpuStorage::F32(xv)), Storage::Cpu(CpuStorage::BF16(wv))) = (&*sx, &*sw)
-    else {
-        return Err(candle_core::Error::Msg("bf16 linear: CPU tensors only".into()).into());
-    };
-    let xs = &xv[lx.start_offset()..lx.start_offset() + m * k];
-    if m <= PACKED_MAX_ROWS {
-        let packed = PACKED
+    let packed = if m <= PACKED_MAX_ROWS {
+        PACKED
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get(&w.id())
-            .cloned();
-        if let Some(p) = packed {
+            .cloned()
+    } else {
+        None
+    };
+    let y = with_f32(&x, |xs| match packed {
+        Some(p) => {
             #[cfg(test)]
             PACKED_PRODUCTS.with(|c| c.set(c.get() + 1));
-            let y = blas.gemm_bf16_packed(m, xs, &p);
-            return Ok(Tensor::from_vec(y, (m, n), &Device::Cpu)?);
+            Ok(blas.gemm_bf16_packed(m, xs, &p))
         }
-    }
-    let ws = &wv[lw.start_offset()..lw.start_offset() + n * k];
-    // SAFETY: half::bf16 is a transparent u16.
-    let wbits: &[u16] = unsafe { std::slice::from_raw_parts(ws.as_ptr().cast::<u16>(), ws.len()) };
-    let y = blas
-        .gemm_bf16_nt(m, n, k, xs, wbits)
-        .expect("checked has_bf16");
+        None => with_bf16_bits(&w, |wb| {
+            blas.gemm_bf16_nt(m, n, k, xs, wb)
+                .expect("checked has_bf16")
+        }),
+    })??;
     Ok(Tensor::from_vec(y, (m, n), &Device::Cpu)?)
 }
 
@@ -172,6 +166,21 @@ impl CustomOp2 for BlasLinear {
         };
         Ok((dx, dw))
     }
+}
+
+/// Runs `f` on the raw bits of a contiguous bf16 CPU tensor, without a copy.
+fn with_bf16_bits<R>(t: &Tensor, f: impl FnOnce(&[u16]) -> R) -> candle_core::Result<R> {
+    let (storage, layout) = t.storage_and_layout();
+    let (Storage::Cpu(CpuStorage::BF16(v)), Some((a, b))) =
+        (&*storage, layout.contiguous_offsets())
+    else {
+        candle_core::bail!("actguide-bf16-linear: contiguous bf16 CPU tensors only")
+    };
+    let v = &v[a..b];
+    // SAFETY: half::bf16 is a transparent u16.
+    Ok(f(unsafe {
+        std::slice::from_raw_parts(v.as_ptr().cast::<u16>(), v.len())
+    }))
 }
 
 /// Runs `f` on the f32 elements of a contiguous CPU tensor, without a copy.
@@ -270,16 +279,8 @@ impl PackedWeights {
                 }
                 let w = w.contiguous()?;
                 let (n, k) = w.dims2()?;
-                let (sw, lw) = w.storage_and_layout();
-                let Storage::Cpu(CpuStorage::BF16(wv)) = &*sw else {
-                    return Ok(None);
-                };
-                let ws = &wv[lw.start_offset()..lw.start_offset() + n * k];
-                // SAFETY: half::bf16 is a transparent u16.
-                let bits: &[u16] =
-                    unsafe { std::slice::from_raw_parts(ws.as_ptr().cast::<u16>(), ws.len()) };
-                let reuse = old.take();
-                Ok(blas.pack_bf16_nt(n, k, bits, reuse).map(|p| (w.id(), p)))
+                let packed = with_bf16_bits(&w, |bits| blas.pack_bf16_nt(n, k, bits, old.take()))?;
+                Ok(packed.map(|p| (w.id(), p)))
             })
             .collect::<Result<_>>()?;
         if packed.iter().all(Option::is_none) {
@@ -298,6 +299,17 @@ impl PackedWeights {
         }
         Ok(Some(out))
     }
+}
+
+/// Bytes [`PackedWeights::pack`] would allocate for bf16 weights of these
+/// `(n, k)` shapes (0 without MKL's packing API): for memory estimates.
+pub fn packed_rollout_bytes(shapes: &[(usize, usize)]) -> u64 {
+    blas().map_or(0, |b| {
+        shapes
+            .iter()
+            .map(|&(n, k)| b.packed_bf16_bytes(n, k).unwrap_or(0) as u64)
+            .sum()
+    })
 }
 
 fn unregister(ids: impl Iterator<Item = TensorId>) {

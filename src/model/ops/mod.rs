@@ -28,25 +28,10 @@ mod softmax;
 mod swiglu;
 
 pub(crate) use attention::attention;
-
-/// Bytes the MKL-packed copies of bf16 rollout weights of these `(n, k)`
-/// shapes take (0 without MKL's packing API).
-pub fn packed_rollout_bytes(shapes: &[(usize, usize)]) -> u64 {
-    blas::blas().map_or(0, |b| {
-        shapes
-            .iter()
-            .map(|&(n, k)| b.packed_bf16_bytes(n, k).unwrap_or(0) as u64)
-            .sum()
-    })
-}
-
-/// Whether attention runs fused on this machine's CPU f32 path (a BLAS
-/// is loaded): no `(t, t)` scores are kept for the backward.
-pub fn fused_attention_available() -> bool {
-    blas::blas().is_some()
-}
+pub use attention::fused_attention_available;
 pub use blas::matmul_backend;
 pub(crate) use bmm::bmm;
+pub use linear::packed_rollout_bytes;
 pub(crate) use linear::{bf16_rollouts_available, frozen_linear, linear, PackedWeights};
 pub(crate) use logp::logp_entropy;
 pub(crate) use norm::rms_norm;
