@@ -210,6 +210,7 @@ impl CustomOp3 for Attention {
                             (qb, hd),
                             (&k[kv.at(u, c0)..], kv.ld),
                             (&mut p, n),
+                            0.0,
                         );
                         for ((row, l), &(lo, hi)) in p.chunks_mut(n).zip(lb.iter_mut()).zip(&vis) {
                             *l = softmax_row(row, lo - c0, hi - c0, self.scale);
@@ -220,6 +221,7 @@ impl CustomOp3 for Attention {
                             (&p, n),
                             (&v[vv.at(u, c0)..], vv.ld),
                             (ob, hd),
+                            0.0,
                         );
                     });
             });
@@ -330,6 +332,7 @@ impl Attention {
                         (qb, hd),
                         (ku, kv.ld),
                         (&mut p, n),
+                        0.0,
                     );
                     for (i, (row, &(lo, hi))) in p.chunks_mut(n).zip(&vis).enumerate() {
                         let l = lse[row0 + i];
@@ -343,12 +346,13 @@ impl Attention {
                         }
                     }
                     // dV += Pᵀ dO.
-                    blas.gemm_serial_acc(
+                    blas.gemm_serial(
                         (true, false),
                         (n, hd, m),
                         (&p, n),
                         (gb, hd),
                         (&mut dvu[c0 * hd..], hd),
+                        1.0,
                     );
                     // dS = scale · P ⊙ (dO Vᵀ − rowsum(dO ⊙ O)).
                     let mut ds = vec![0f32; m * n];
@@ -358,6 +362,7 @@ impl Attention {
                         (gb, hd),
                         (vu, vv.ld),
                         (&mut ds, n),
+                        0.0,
                     );
                     for (i, (dsr, pr)) in ds.chunks_mut(n).zip(p.chunks(n)).enumerate() {
                         let dot: f32 = gb[i * hd..(i + 1) * hd]
@@ -376,13 +381,15 @@ impl Attention {
                         (&ds, n),
                         (ku, kv.ld),
                         (&mut dqu[r0 * hd..], hd),
+                        0.0,
                     );
-                    blas.gemm_serial_acc(
+                    blas.gemm_serial(
                         (true, false),
                         (n, hd, m),
                         (&ds, n),
                         (qb, hd),
                         (&mut dku[c0 * hd..], hd),
+                        1.0,
                     );
                 }
             });

@@ -269,33 +269,10 @@ impl Blas {
         );
     }
 
-    /// Row-major `C (m, n) = op(A) op(B)` on the calling thread, with
-    /// explicit leading dimensions (strided views), `c` fully overwritten.
+    /// Row-major `C (m, n) = op(A) op(B) + beta C` on the calling thread,
+    /// with explicit leading dimensions (strided views); with `beta` 0, `c`
+    /// is overwritten and need not be initialised.
     pub(crate) fn gemm_serial(
-        &self,
-        t: (bool, bool),
-        dims: (usize, usize, usize),
-        a: (&[f32], usize),
-        b: (&[f32], usize),
-        c: (&mut [f32], usize),
-    ) {
-        self.gemm_serial_beta(t, dims, a, b, c, 0.0)
-    }
-
-    /// [`Blas::gemm_serial`], adding the product to `c` instead.
-    pub(crate) fn gemm_serial_acc(
-        &self,
-        t: (bool, bool),
-        dims: (usize, usize, usize),
-        a: (&[f32], usize),
-        b: (&[f32], usize),
-        c: (&mut [f32], usize),
-    ) {
-        self.gemm_serial_beta(t, dims, a, b, c, 1.0)
-    }
-
-    /// `C = op(A) op(B) + beta C` (`beta` 0: `c` need not be initialised).
-    fn gemm_serial_beta(
         &self,
         (ta, tb): (bool, bool),
         (m, n, k): (usize, usize, usize),

@@ -128,7 +128,7 @@ impl Bmm {
         out.par_chunks_mut(m * n).enumerate().for_each(|(i, c)| {
             let a = &a[am.start + i * am.bstride..];
             let b = &b[bm.start + i * bm.bstride..];
-            blas.gemm_serial((ta, tb), (m, n, k), (a, am.ld), (b, bm.ld), (c, n));
+            blas.gemm_serial((ta, tb), (m, n, k), (a, am.ld), (b, bm.ld), (c, n), 0.0);
         });
         Ok((out, Shape::from(dims)))
     }

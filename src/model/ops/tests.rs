@@ -70,15 +70,21 @@ fn assert_grad_close(got: &Tensor, want: &Tensor, rel: f32, what: &str) {
     assert!(d < rel * scale, "{what} differs by {d} (scale {scale})");
 }
 
+/// The loaded BLAS, or `None` after printing why the calling test skips.
+fn blas_or_skip() -> Option<&'static blas::Blas> {
+    let b = blas::blas();
+    if b.is_none() {
+        println!("SKIPPED: no BLAS found (scripts/install-mkl.sh, or ACTGUIDE_BLAS)");
+    }
+    b
+}
+
 /// The run-time BLAS product against candle's matmul, forward and both
 /// gradients, at shapes that take the serial call, the row split and the
 /// column split (n not a multiple of the 16-column blocks).
 #[test]
 fn blas_linear_matches_matmul_forward_and_backward() {
-    let Some(b) = blas::blas() else {
-        println!("SKIPPED: no BLAS found (scripts/install-mkl.sh, or ACTGUIDE_BLAS)");
-        return;
-    };
+    let Some(b) = blas_or_skip() else { return };
     println!("BLAS: {}", b.name);
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
     for (m, k, n) in [(7, 5, 4), (200, 96, 128), (4, 1024, 300), (3, 700, 1000)] {
@@ -288,8 +294,7 @@ fn logp_entropy_matches_composite() {
 /// cache hands it over) and a batch of (b, heads) dimensions.
 #[test]
 fn bmm_matches_matmul_forward_and_backward() {
-    if blas::blas().is_none() {
-        println!("SKIPPED: no BLAS found (scripts/install-mkl.sh, or ACTGUIDE_BLAS)");
+    if blas_or_skip().is_none() {
         return;
     }
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(9);
@@ -361,8 +366,7 @@ fn ref_attention(
 /// reading k and v as narrowed views of a cache.
 #[test]
 fn fused_attention_matches_composite_forward_and_backward() {
-    if blas::blas().is_none() {
-        println!("SKIPPED: no BLAS found (scripts/install-mkl.sh, or ACTGUIDE_BLAS)");
+    if blas_or_skip().is_none() {
         return;
     }
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(21);
