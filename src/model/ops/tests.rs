@@ -56,15 +56,7 @@ fn sq_loss(y: &Tensor, up: &Var) -> Tensor {
 /// `got` within `rel` of `want`, relative to `want`'s largest |value|
 /// (which must be non-zero: a vanished gradient fails).
 fn assert_grad_close(got: &Tensor, want: &Tensor, rel: f32, what: &str) {
-    let scale = want
-        .abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap();
+    let scale = max_abs(want);
     assert!(scale > 0.0, "{what}: zero gradient");
     let d = max_diff(got, want);
     assert!(d < rel * scale, "{what} differs by {d} (scale {scale})");
@@ -126,9 +118,12 @@ fn blas_linear_matches_matmul_forward_and_backward() {
 }
 
 fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
-    (a - b)
-        .unwrap()
-        .abs()
+    max_abs(&(a - b).unwrap())
+}
+
+/// The largest |element| of `t`.
+fn max_abs(t: &Tensor) -> f32 {
+    t.abs()
         .unwrap()
         .flatten_all()
         .unwrap()
