@@ -270,6 +270,7 @@ fn logp_mismatch(
             .map(|(p, g)| (p.len()..p.len() + g.tokens.len()).collect())
             .collect(),
         temperature: 1.0,
+        share_prefixes: false,
     };
     let scored = policy.score_detached(&batch)?.logp.to_vec1::<f32>()?;
     let gen: Vec<f32> = out
@@ -296,6 +297,7 @@ fn train_step(
         seqs: seqs.to_vec(),
         targets: seqs.iter().map(|s| (1..s.len()).collect()).collect(),
         temperature: 1.0,
+        share_prefixes: false,
     };
     let out = policy.score(&batch)?;
     let loss = out.logp.mean_all()?.neg()?;

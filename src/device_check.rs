@@ -105,6 +105,7 @@ fn batch(seed: u64) -> ScoreBatch {
         seqs: vec![seq(40), seq(23), seq(7)],
         targets: vec![(20..40).collect(), (1..23).collect(), vec![3, 6]],
         temperature: 1.0,
+        share_prefixes: false,
     }
 }
 
@@ -263,6 +264,7 @@ fn generation(p: &Policy) -> Result<CheckRow, ModelError> {
             seqs,
             targets,
             temperature: 1.0,
+            share_prefixes: false,
         })?
         .logp,
     )?;

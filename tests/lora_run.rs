@@ -58,6 +58,7 @@ fn logp(p: &Policy, seqs: &[Vec<u32>]) -> Vec<f32> {
         seqs: seqs.to_vec(),
         targets: seqs.iter().map(|s| (1..s.len()).collect()).collect(),
         temperature: 1.0,
+        share_prefixes: false,
     };
     p.score(&batch).unwrap().logp.to_vec1().unwrap()
 }

@@ -65,6 +65,11 @@ pub struct TrainerSection {
     pub minibatches: usize,
     /// Sequences scored per forward/backward (memory bound only).
     pub micro_batch: usize,
+    /// Score sequences that share a prefix (a group's first prompt, an
+    /// episode's system message and history) in one packed row that holds
+    /// the prefix once; micro-batches then gather such sequences. The same
+    /// loss up to float rounding, fewer tokens through the model.
+    pub share_prefixes: bool,
 }
 
 impl Default for TrainerSection {
@@ -98,6 +103,7 @@ impl Default for TrainerSection {
             ppo_epochs: 1,
             minibatches: 1,
             micro_batch: 64,
+            share_prefixes: true,
         }
     }
 }

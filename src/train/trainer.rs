@@ -175,18 +175,22 @@ impl Trainer {
         samples: &mut [Sample],
         cap: f64,
     ) -> Result<BehaviourStats, TrainError> {
-        let idx: Vec<usize> = (0..samples.len())
+        let mut idx: Vec<usize> = (0..samples.len())
             .filter(|&i| {
                 let s = &samples[i];
                 !s.aux && !s.forced && !s.off_policy && !s.old_logp.is_empty()
             })
             .collect();
+        if self.cfg.share_prefixes {
+            idx.sort_by(|&a, &b| samples[a].seq.cmp(&samples[b].seq));
+        }
         let mut st = BehaviourStats::default();
         for chunk in idx.chunks(self.cfg.micro_batch.max(1)) {
             let batch = ScoreBatch {
                 seqs: chunk.iter().map(|&i| samples[i].seq.clone()).collect(),
                 targets: chunk.iter().map(|&i| samples[i].targets.clone()).collect(),
                 temperature: self.temperature,
+                share_prefixes: self.cfg.share_prefixes,
             };
             let lp = policy.score_detached(&batch)?.logp.to_vec1::<f32>()?;
             let mut at = 0usize;
@@ -275,11 +279,16 @@ impl Trainer {
     ) -> Result<Vec<Option<Tensor>>, TrainError> {
         let c = &self.cfg;
         let norms = Norms::of(mb, c.aux_nll_coef);
-        // Sort by length so micro-batches pad little; stable for determinism.
+        // Sort by length so micro-batches pad little, or by content so
+        // sequences sharing a prefix score together; stable for determinism.
         let mut idx: Vec<usize> = (0..mb.len())
             .filter(|&i| !mb[i].aux || norms.use_aux)
             .collect();
-        idx.sort_by_key(|&i| mb[i].seq.len());
+        if c.share_prefixes {
+            idx.sort_by(|&a, &b| mb[a].seq.cmp(&mb[b].seq));
+        } else {
+            idx.sort_by_key(|&i| mb[i].seq.len());
+        }
         let vars = self.opt.vars();
         let mut acc: Vec<Option<Tensor>> = vec![None; vars.len()];
         let dev = policy.device().clone();
@@ -292,6 +301,7 @@ impl Trainer {
                 seqs: chunk.iter().map(|&i| mb[i].seq.clone()).collect(),
                 targets: chunk.iter().map(|&i| mb[i].targets.clone()).collect(),
                 temperature: self.temperature,
+                share_prefixes: c.share_prefixes,
             };
             sums.train_tokens += batch.seqs.iter().map(Vec::len).sum::<usize>();
             let out = policy.score(&batch)?;

@@ -45,6 +45,26 @@ pub(super) enum AttnMask<'a> {
         pads: &'a [usize],
         mask: &'a OnceCell<Tensor>,
     },
+    /// Scoring a packed prefix tree (one row, see `pack`): query `i` sees
+    /// column `j` iff `j <= i < reach[j]`. `mask` as for `Padded`.
+    Tree {
+        reach: &'a [usize],
+        mask: &'a OnceCell<Tensor>,
+    },
+}
+
+/// [`AttnMask::Tree`]'s additive mask, `(1, 1, 1, t, t)`.
+fn tree_mask(reach: &[usize], device: &Device) -> Result<Tensor> {
+    let t = reach.len();
+    let mut m = vec![MASKED; t * t];
+    for (i, row) in m.chunks_mut(t.max(1)).enumerate() {
+        for (j, x) in row[..=i].iter_mut().enumerate() {
+            if i < reach[j] {
+                *x = 0.0;
+            }
+        }
+    }
+    Ok(Tensor::from_vec(m, (1, 1, 1, t, t), device)?)
 }
 
 /// [`AttnMask::Padded`]'s additive mask, `(b, 1, 1, t, s)`.
@@ -61,15 +81,21 @@ fn padded_mask(pads: &[usize], t: usize, s: usize, device: &Device) -> Result<Te
 }
 
 impl Policy {
+    /// Width of the widest per-token activation of a block (the fused
+    /// gate/up projection, in practice).
+    fn widest_activation(&self) -> usize {
+        (2 * self.cfg.intermediate_size)
+            .max(self.cfg.hidden_size)
+            .max(self.cfg.num_attention_heads * self.cfg.head_dim())
+    }
+
     /// Splits sequences, sorted by decreasing length `lens`, into
     /// consecutive chunks whose largest activation fits [`CHUNK_BUDGET`].
     pub(super) fn plan_chunks(&self, lens: &[usize]) -> Vec<std::ops::Range<usize>> {
         let budget = CHUNK_BUDGET_OVERRIDE
             .with(|c| c.get())
             .unwrap_or(CHUNK_BUDGET);
-        let widest = (2 * self.cfg.intermediate_size)
-            .max(self.cfg.hidden_size)
-            .max(self.cfg.num_attention_heads * self.cfg.head_dim());
+        let widest = self.widest_activation();
         let mut out = Vec::new();
         let mut start = 0;
         while start < lens.len() {
@@ -81,6 +107,26 @@ impl Policy {
             start = end;
         }
         out
+    }
+
+    /// Tokens per packed prefix-tree row (`pack`), by the same budget as
+    /// [`Policy::plan_chunks`]: the fused attention keeps no scores, the
+    /// composite path keeps `(heads, t, t)` of them.
+    pub(super) fn packed_tokens(&self) -> usize {
+        let budget = CHUNK_BUDGET_OVERRIDE
+            .with(|c| c.get())
+            .unwrap_or(CHUNK_BUDGET);
+        let widest = self.widest_activation();
+        let nh = self.cfg.num_attention_heads;
+        let fused =
+            ops::fused_attention_available() && self.device.is_cpu() && self.dtype == DType::F32;
+        let mut t = (budget / widest).max(1);
+        if !fused {
+            while t > 1 && t * (nh * t).max(widest) > budget {
+                t = t * 3 / 4;
+            }
+        }
+        t
     }
 
     /// Rotary tables for `rows * t` positions (`rows` = 1 when all
@@ -184,16 +230,17 @@ impl Policy {
         // reads kv head g, so (b, nh, t, hd) regroups to (b, nkv, rep * t, hd);
         // score rows are then ordered (b, kv head, r, query).
         let q = q.reshape((b, nkv, rep * t, hd))?;
-        let pads = match mask {
-            AttnMask::Causal => None,
-            AttnMask::Padded { pads, .. } => Some(pads),
+        let vis = match mask {
+            AttnMask::Causal => ops::Visible::Causal,
+            AttnMask::Padded { pads, .. } => ops::Visible::Pads(pads),
+            AttnMask::Tree { reach, .. } => ops::Visible::Tree(reach),
         };
         let heads_last = |y: Tensor| -> Result<Tensor> {
             Ok(y.reshape((b, nh, t, hd))?
                 .transpose(1, 2)?
                 .reshape((b * t, nh * hd))?)
         };
-        if let Some(y) = ops::attention(&q, &k, &v, scale, t, pads)? {
+        if let Some(y) = ops::attention(&q, &k, &v, scale, t, vis)? {
             return heads_last(y);
         }
         let att = match mask {
@@ -212,6 +259,20 @@ impl Policy {
                     .broadcast_add(m)?;
                 // In f32 whatever the compute dtype (as HF does).
                 candle_nn::ops::softmax_last_dim(&att)?
+                    .to_dtype(q.dtype())?
+                    .reshape((b, nkv, rep * t, s))?
+            }
+            // Training path: candle's composite (differentiable) softmax.
+            AttnMask::Tree { reach, mask } => {
+                if mask.get().is_none() {
+                    let _ = mask.set(tree_mask(reach, &self.device)?);
+                }
+                let m = mask.get().expect("set above");
+                let att = ops::bmm(&q.affine(scale, 0.0)?, &k, true)?
+                    .reshape((b, nkv, rep, t, s))?
+                    .to_dtype(DType::F32)?
+                    .broadcast_add(m)?;
+                candle_nn::ops::softmax(&att, candle_core::D::Minus1)?
                     .to_dtype(q.dtype())?
                     .reshape((b, nkv, rep * t, s))?
             }

@@ -33,6 +33,8 @@
 //! - `block`: the trunk shared by both paths (embedding, decoder block =
 //!   attention + MLP, final norm and head, chunk planning);
 //! - `score`: the differentiable scoring path ([`Policy::score`]);
+//! - `pack`: prefix-tree packing of sequences that share prefixes, for
+//!   scoring them once;
 //! - `cache`: the per-layer KV cache of a generation batch;
 //! - `generate`: batched, KV-cached generation ([`Policy::generate`]):
 //!   prefill, decode steps, cache compaction; token choice is
@@ -57,6 +59,7 @@ use super::precision::Precision;
 mod block;
 mod cache;
 mod generate;
+pub(in crate::model) mod pack;
 mod score;
 mod weights;
 

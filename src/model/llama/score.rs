@@ -3,8 +3,10 @@
 
 use candle_core::{DType, Tensor};
 
+use std::cell::OnceCell;
+
 use super::block::AttnMask;
-use super::{Policy, Weights};
+use super::{pack, Policy, Weights};
 use crate::model::error::{ModelError, Result};
 use crate::model::ops;
 
@@ -20,6 +22,10 @@ pub struct ScoreBatch {
     /// Logits are divided by this before the softmax; use the sampling
     /// temperature so scores match the behaviour log-probs.
     pub temperature: f64,
+    /// Score sequences that share a prefix in one packed row holding the
+    /// prefix once (see [`Policy::score`]). The same numbers up to float
+    /// rounding; fewer tokens through the trunk.
+    pub share_prefixes: bool,
 }
 
 impl ScoreBatch {
@@ -50,6 +56,12 @@ impl Policy {
     /// target's context, the trunk runs once, and only the hidden rows that
     /// predict a target are gathered before the final norm and LM head, so
     /// the `(N, vocab)` logits are the only vocabulary-sized activations.
+    ///
+    /// With `share_prefixes`, sequences are instead sorted so that those
+    /// sharing a prefix are neighbours and packed, chunk by chunk, into
+    /// rows that hold their token trie: each shared prefix runs through the
+    /// trunk once, each token attends to its own sequence's tokens alone
+    /// and keeps its own position.
     pub fn score(&self, batch: &ScoreBatch) -> Result<ScoreOutput> {
         self.score_impl(batch, false)
     }
@@ -79,7 +91,11 @@ impl Policy {
             w = w.map(&|t| Ok(t.detach()))?;
         }
         let w = &w;
-        let hidden = self.target_hidden(w, batch, &rows, n_targets)?;
+        let hidden = if batch.share_prefixes {
+            self.packed_hidden(w, batch, &rows, n_targets)?
+        } else {
+            self.target_hidden(w, batch, &rows, n_targets)?
+        };
         let tgt: Vec<u32> = batch
             .seqs
             .iter()
@@ -142,13 +158,7 @@ impl Policy {
         rows: &[(usize, usize)],
         n_targets: usize,
     ) -> Result<Tensor> {
-        // Output offset of each row's first target.
-        let mut first = Vec::with_capacity(rows.len());
-        let mut acc = 0usize;
-        for &(i, _) in rows {
-            first.push(acc);
-            acc += batch.targets[i].len();
-        }
+        let first = first_outputs(batch, rows);
         // Longest first, so each chunk is padded only to its own longest.
         let mut order: Vec<usize> = (0..rows.len()).collect();
         order.sort_by_key(|&r| std::cmp::Reverse(rows[r].1));
@@ -178,22 +188,85 @@ impl Policy {
             let n_sel = sel.len();
             parts.push(x.index_select(&Tensor::from_vec(sel, n_sel, &self.device)?, 0)?);
         }
+        self.in_output_order(parts, &gathered)
+    }
+
+    /// [`Policy::target_hidden`] over packed prefix trees: rows sorted so
+    /// that sequences sharing a prefix are neighbours, each chunk of them
+    /// one packed row (`pack`), masked so every token sees its own
+    /// sequence alone.
+    fn packed_hidden(
+        &self,
+        w: &Weights,
+        batch: &ScoreBatch,
+        rows: &[(usize, usize)],
+        n_targets: usize,
+    ) -> Result<Tensor> {
+        let first = first_outputs(batch, rows);
+        let seqs: Vec<&[u32]> = rows.iter().map(|&(i, len)| &batch.seqs[i][..len]).collect();
+        let (order, chunks) = pack::plan(&seqs, self.packed_tokens());
+        let mut parts = Vec::new();
+        let mut gathered = Vec::with_capacity(n_targets);
+        for chunk in chunks {
+            let rs = &order[chunk];
+            let chunk_seqs: Vec<&[u32]> = rs.iter().map(|&r| seqs[r]).collect();
+            let p = pack::pack(&chunk_seqs);
+            let mut sel = Vec::new();
+            for (k, &r) in rs.iter().enumerate() {
+                let i = rows[r].0;
+                for (j, &pos) in batch.targets[i].iter().enumerate() {
+                    sel.push(p.node[k][pos - 1] as u32);
+                    gathered.push(first[r] + j);
+                }
+            }
+            let t = p.ids.len();
+            let mut x = self.embed(w, &p.ids)?;
+            let rope = self.rope_tables(&p.positions, 1, t);
+            let mask = OnceCell::new();
+            let tree = AttnMask::Tree {
+                reach: &p.reach,
+                mask: &mask,
+            };
+            for lw in &w.layers {
+                x = self.block(lw, &x, 1, t, &rope, tree, None)?;
+            }
+            let n_sel = sel.len();
+            parts.push(x.index_select(&Tensor::from_vec(sel, n_sel, &self.device)?, 0)?);
+        }
+        debug_assert_eq!(gathered.len(), n_targets);
+        self.in_output_order(parts, &gathered)
+    }
+
+    /// Concatenates the gathered hidden rows `parts` and puts them back in
+    /// output order (targets flattened sequence by sequence);
+    /// `gathered[k]` is the output position of the `k`-th row.
+    fn in_output_order(&self, mut parts: Vec<Tensor>, gathered: &[usize]) -> Result<Tensor> {
         let hidden = if parts.len() == 1 {
             parts.pop().expect("one part")
         } else {
             Tensor::cat(&parts, 0)?
         };
-        // Back to output order (targets flattened sequence by sequence).
-        let mut perm = vec![0u32; n_targets];
+        let n = gathered.len();
+        let mut perm = vec![0u32; n];
         for (k, &o) in gathered.iter().enumerate() {
             perm[o] = k as u32;
         }
         let is_identity = perm.iter().enumerate().all(|(k, &p)| p as usize == k);
-        let hidden = if is_identity {
+        Ok(if is_identity {
             hidden
         } else {
-            hidden.index_select(&Tensor::from_vec(perm, n_targets, &self.device)?, 0)?
-        };
-        Ok(hidden)
+            hidden.index_select(&Tensor::from_vec(perm, n, &self.device)?, 0)?
+        })
     }
+}
+
+/// Output offset of each row's first target.
+fn first_outputs(batch: &ScoreBatch, rows: &[(usize, usize)]) -> Vec<usize> {
+    rows.iter()
+        .scan(0usize, |acc, &(i, _)| {
+            let at = *acc;
+            *acc += batch.targets[i].len();
+            Some(at)
+        })
+        .collect()
 }

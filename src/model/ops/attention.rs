@@ -29,21 +29,33 @@ pub fn fused_attention_available() -> bool {
 /// Query rows per block: the scratch of a block is `ROWS × s` floats.
 const ROWS: usize = 64;
 
+/// Which key columns a query sees, beyond causality (column `hi = i + s -
+/// q_len` is query position `i`'s own).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Visible<'a> {
+    /// Columns `0 ..= hi`.
+    Causal,
+    /// Left padding: columns `pads[batch row] ..= hi`; a row whose pad lies
+    /// past `hi` sees column `hi` alone (a pad query: finite, never read).
+    Pads(&'a [usize]),
+    /// A packed prefix tree (`q_len == s`): column `j <= hi` is seen iff
+    /// `hi < reach[batch row * s + j]`.
+    Tree(&'a [usize]),
+}
+
 /// Fused attention of `q` `(b, n_kv, rep * q_len, hd)` (query head
 /// `g * rep + r` of kv head `g`, rows ordered `(r, position)`) over `k`, `v`
-/// `(b, n_kv, s, hd)`, `s >= q_len`: query position `i` sees key columns
-/// `lo ..= i + s - q_len`, where `lo` is `pads[batch row]` (left padding,
-/// in the columns of `k`) or 0, and a row whose `lo` lies past its last
-/// column sees that column alone (a pad query: finite, never read).
-/// Returns `(b, n_kv, rep * q_len, hd)`, differentiable in `q`, `k`, `v`;
-/// `None` where the fused path does not apply.
+/// `(b, n_kv, s, hd)`, `s >= q_len`, query position `i` seeing the columns
+/// `vis` allows up to `i + s - q_len`. Returns `(b, n_kv, rep * q_len, hd)`,
+/// differentiable in `q`, `k`, `v`; `None` where the fused path does not
+/// apply.
 pub(crate) fn attention(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
     scale: f64,
     q_len: usize,
-    pads: Option<&[usize]>,
+    vis: Visible<'_>,
 ) -> Result<Option<Tensor>> {
     let Some(blas) = blas() else { return Ok(None) };
     if !(fused(q) && fused(k) && fused(v)) || q.rank() != 4 {
@@ -56,7 +68,11 @@ pub(crate) fn attention(
         && q_len > 0
         && rq.is_multiple_of(q_len)
         && s >= q_len
-        && pads.is_none_or(|p| p.len() == b);
+        && match vis {
+            Visible::Causal => true,
+            Visible::Pads(p) => p.len() == b,
+            Visible::Tree(r) => r.len() == b * s && s == q_len,
+        };
     if !shapes_fit || !KvView::fits(k.layout()) || !KvView::fits(v.layout()) {
         return Ok(None);
     }
@@ -64,7 +80,11 @@ pub(crate) fn attention(
         blas,
         scale: scale as f32,
         q_len,
-        pads: pads.map(|p| Arc::new(p.to_vec())),
+        mask: match vis {
+            Visible::Causal => Mask::Causal,
+            Visible::Pads(p) => Mask::Pads(Arc::new(p.to_vec())),
+            Visible::Tree(r) => Mask::Tree(Arc::new(r.to_vec())),
+        },
         lse: Mutex::new(None),
     };
     Ok(Some(q.contiguous()?.apply_op3(k, v, op)?))
@@ -104,11 +124,18 @@ impl KvView {
     }
 }
 
+/// [`Visible`], owned by the op (its backward runs later).
+enum Mask {
+    Causal,
+    Pads(Arc<Vec<usize>>),
+    Tree(Arc<Vec<usize>>),
+}
+
 struct Attention {
     blas: &'static Blas,
     scale: f32,
     q_len: usize,
-    pads: Option<Arc<Vec<usize>>>,
+    mask: Mask,
     /// Per query row, `log Σ exp(scale · score)` over its visible columns,
     /// saved by the forward for the backward.
     lse: Mutex<Option<Arc<Vec<f32>>>>,
@@ -137,26 +164,127 @@ impl Attention {
         }
     }
 
-    /// Visible key columns `lo..=hi` of row `rr` of unit `u`.
-    fn visible(&self, d: Dims, u: usize, rr: usize) -> (usize, usize) {
-        let hi = rr % d.q_len + d.s - d.q_len;
-        let lo = self.pads.as_ref().map_or(0, |p| p[u / d.nkv].min(hi));
-        (lo, hi)
+    /// The key columns block `r0..r0 + m` of unit `u` multiplies.
+    fn block(&self, d: Dims, u: usize, r0: usize, m: usize) -> Block<'_> {
+        // Row rr's own column: the last it may see.
+        let hi = |rr: usize| rr % d.q_len + d.s - d.q_len;
+        match &self.mask {
+            Mask::Causal | Mask::Pads(_) => {
+                let rows: Vec<(usize, usize)> = (r0..r0 + m)
+                    .map(|rr| {
+                        let hi = hi(rr);
+                        let lo = match &self.mask {
+                            Mask::Pads(p) => p[u / d.nkv].min(hi),
+                            _ => 0,
+                        };
+                        (lo, hi)
+                    })
+                    .collect();
+                let c0 = rows.iter().map(|v| v.0).min().unwrap_or(0);
+                let c1 = rows.iter().map(|v| v.1 + 1).max().unwrap_or(0);
+                Block {
+                    c0,
+                    n: c1 - c0,
+                    rows,
+                    tree: None,
+                }
+            }
+            Mask::Tree(reach) => {
+                let bi = u / d.nkv;
+                let reach = &reach[bi * d.s..(bi + 1) * d.s];
+                let rows: Vec<(usize, usize)> = (r0..r0 + m).map(|rr| (0, hi(rr))).collect();
+                let lo = rows.iter().map(|v| v.1).min().unwrap_or(0);
+                let top = rows.iter().map(|v| v.1).max().unwrap_or(0);
+                // Every column some row of the block sees (a superset per
+                // row; `sees` tells them apart).
+                let cols: Vec<usize> = (0..=top).filter(|&c| reach[c] > lo).collect();
+                Block {
+                    c0: 0,
+                    n: cols.len(),
+                    rows,
+                    tree: Some((cols, reach)),
+                }
+            }
+        }
+    }
+}
+
+/// The key columns one block of query rows multiplies.
+struct Block<'a> {
+    /// Causal and padded masks: the block reads columns `c0..c0 + n` of
+    /// the keys in place.
+    c0: usize,
+    n: usize,
+    /// Per row `(lo, hi)`: it sees columns `lo..=hi` (a tree row: `hi` is
+    /// its own column).
+    rows: Vec<(usize, usize)>,
+    /// A tree mask: the `n` columns the block gathers (ascending) and the
+    /// batch row's `reach`.
+    tree: Option<(Vec<usize>, &'a [usize])>,
+}
+
+impl Block<'_> {
+    /// Whether row `r` of the block sees its `jj`-th column.
+    fn sees(&self, r: usize, jj: usize) -> bool {
+        let (lo, hi) = self.rows[r];
+        match &self.tree {
+            Some((cols, reach)) => cols[jj] <= hi && hi < reach[cols[jj]],
+            None => (lo..=hi).contains(&(self.c0 + jj)),
+        }
     }
 
-    /// Visible columns of the block of rows `r0..r0 + m` of unit `u`: the
-    /// union `c0..c1` and each row's `(lo, hi)`.
-    fn block_cols(
+    /// Softmax of row `r`'s scores `row` in place over the columns it sees;
+    /// returns the log-sum-exp.
+    fn softmax(&self, r: usize, row: &mut [f32], scale: f32) -> f32 {
+        match &self.tree {
+            None => {
+                let (lo, hi) = self.rows[r];
+                softmax_row(row, lo - self.c0, hi - self.c0, scale)
+            }
+            Some(_) => {
+                for (jj, x) in row.iter_mut().enumerate() {
+                    if !self.sees(r, jj) {
+                        *x = f32::NEG_INFINITY;
+                    }
+                }
+                softmax_row(row, 0, row.len() - 1, scale)
+            }
+        }
+    }
+
+    /// The block's keys (or values) `x` of unit `u` as (slice, row
+    /// stride): in place, or gathered into `buf`.
+    fn keys<'b>(
         &self,
-        d: Dims,
+        x: &'b [f32],
+        view: KvView,
         u: usize,
-        r0: usize,
-        m: usize,
-    ) -> (usize, usize, Vec<(usize, usize)>) {
-        let vis: Vec<(usize, usize)> = (r0..r0 + m).map(|rr| self.visible(d, u, rr)).collect();
-        let c0 = vis.iter().map(|v| v.0).min().unwrap_or(0);
-        let c1 = vis.iter().map(|v| v.1 + 1).max().unwrap_or(0);
-        (c0, c1, vis)
+        hd: usize,
+        buf: &'b mut Vec<f32>,
+    ) -> (&'b [f32], usize) {
+        match &self.tree {
+            None => (&x[view.at(u, self.c0)..], view.ld),
+            Some((cols, _)) => {
+                buf.clear();
+                for &c in cols {
+                    let at = view.at(u, c);
+                    buf.extend_from_slice(&x[at..at + hd]);
+                }
+                (&buf[..], hd)
+            }
+        }
+    }
+
+    /// Adds the block's gradient rows `g` (`n × hd`, computed into a
+    /// scratch when gathered) into the unit's `(s, hd)` gradient `dst`.
+    fn scatter_add(&self, g: &[f32], dst: &mut [f32], hd: usize) {
+        if let Some((cols, _)) = &self.tree {
+            for (row, &c) in g.chunks(hd).zip(cols) {
+                for (d, x) in dst[c * hd..(c + 1) * hd].iter_mut().zip(row) {
+                    *d += x;
+                }
+            }
+        }
     }
 }
 
@@ -200,26 +328,29 @@ impl CustomOp3 for Attention {
                     .enumerate()
                     .for_each(|(bk, (ob, lb))| {
                         let (r0, m) = (bk * ROWS, lb.len());
-                        let (c0, c1, vis) = self.block_cols(d, u, r0, m);
-                        let n = c1 - c0;
+                        let blk = self.block(d, u, r0, m);
+                        let n = blk.n;
+                        let (mut kbuf, mut vbuf) = (Vec::new(), Vec::new());
+                        let (kb, kld) = blk.keys(k, kv, u, hd, &mut kbuf);
+                        let (vb, vld) = blk.keys(v, vv, u, hd, &mut vbuf);
                         let qb = &q[(u * rq + r0) * hd..];
                         let mut p = vec![0f32; m * n];
                         blas.gemm_serial(
                             (false, true),
                             (m, n, hd),
                             (qb, hd),
-                            (&k[kv.at(u, c0)..], kv.ld),
+                            (kb, kld),
                             (&mut p, n),
                             0.0,
                         );
-                        for ((row, l), &(lo, hi)) in p.chunks_mut(n).zip(lb.iter_mut()).zip(&vis) {
-                            *l = softmax_row(row, lo - c0, hi - c0, self.scale);
+                        for (r, (row, l)) in p.chunks_mut(n).zip(lb.iter_mut()).enumerate() {
+                            *l = blk.softmax(r, row, self.scale);
                         }
                         blas.gemm_serial(
                             (false, false),
                             (m, hd, n),
                             (&p, n),
-                            (&v[vv.at(u, c0)..], vv.ld),
+                            (vb, vld),
                             (ob, hd),
                             0.0,
                         );
@@ -315,52 +446,58 @@ impl Attention {
             .for_each(|(u, ((dqu, dku), dvu))| {
                 for r0 in (0..rq).step_by(ROWS) {
                     let m = ROWS.min(rq - r0);
-                    let (c0, c1, vis) = self.block_cols(d, u, r0, m);
-                    let n = c1 - c0;
+                    let blk = self.block(d, u, r0, m);
+                    let n = blk.n;
                     let row0 = u * rq + r0;
                     let (qb, ob, gb) = (
                         &q[row0 * hd..(row0 + m) * hd],
                         &o[row0 * hd..(row0 + m) * hd],
                         &g[row0 * hd..(row0 + m) * hd],
                     );
-                    let (ku, vu) = (&k[kv.at(u, c0)..], &v[vv.at(u, c0)..]);
+                    let (mut kbuf, mut vbuf) = (Vec::new(), Vec::new());
+                    let (ku, kld) = blk.keys(k, kv, u, hd, &mut kbuf);
+                    let (vu, vld) = blk.keys(v, vv, u, hd, &mut vbuf);
                     // P from the saved log-sum-exp.
                     let mut p = vec![0f32; m * n];
                     blas.gemm_serial(
                         (false, true),
                         (m, n, hd),
                         (qb, hd),
-                        (ku, kv.ld),
+                        (ku, kld),
                         (&mut p, n),
                         0.0,
                     );
-                    for (i, (row, &(lo, hi))) in p.chunks_mut(n).zip(&vis).enumerate() {
+                    for (i, row) in p.chunks_mut(n).enumerate() {
                         let l = lse[row0 + i];
                         for (j, x) in row.iter_mut().enumerate() {
-                            let c = c0 + j;
-                            *x = if c < lo || c > hi {
-                                0.0
-                            } else {
+                            *x = if blk.sees(i, j) {
                                 (*x * self.scale - l).exp()
+                            } else {
+                                0.0
                             };
                         }
                     }
+                    // Gathered columns: dK and dV rows go to a scratch first.
+                    let mut scratch = if blk.tree.is_some() {
+                        vec![0f32; n * hd]
+                    } else {
+                        Vec::new()
+                    };
                     // dV += Pᵀ dO.
-                    blas.gemm_serial(
-                        (true, false),
-                        (n, hd, m),
-                        (&p, n),
-                        (gb, hd),
-                        (&mut dvu[c0 * hd..], hd),
-                        1.0,
-                    );
+                    let dvb = if blk.tree.is_some() {
+                        &mut scratch[..]
+                    } else {
+                        &mut dvu[blk.c0 * hd..]
+                    };
+                    blas.gemm_serial((true, false), (n, hd, m), (&p, n), (gb, hd), (dvb, hd), 1.0);
+                    blk.scatter_add(&scratch, dvu, hd);
                     // dS = scale · P ⊙ (dO Vᵀ − rowsum(dO ⊙ O)).
                     let mut ds = vec![0f32; m * n];
                     blas.gemm_serial(
                         (false, true),
                         (m, n, hd),
                         (gb, hd),
-                        (vu, vv.ld),
+                        (vu, vld),
                         (&mut ds, n),
                         0.0,
                     );
@@ -379,18 +516,25 @@ impl Attention {
                         (false, false),
                         (m, hd, n),
                         (&ds, n),
-                        (ku, kv.ld),
+                        (ku, kld),
                         (&mut dqu[r0 * hd..], hd),
                         0.0,
                     );
+                    scratch.fill(0.0);
+                    let dkb = if blk.tree.is_some() {
+                        &mut scratch[..]
+                    } else {
+                        &mut dku[blk.c0 * hd..]
+                    };
                     blas.gemm_serial(
                         (true, false),
                         (n, hd, m),
                         (&ds, n),
                         (qb, hd),
-                        (&mut dku[c0 * hd..], hd),
+                        (dkb, hd),
                         1.0,
                     );
+                    blk.scatter_add(&scratch, dku, hd);
                 }
             });
         (dq, dk, dv)

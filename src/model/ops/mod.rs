@@ -27,8 +27,8 @@ mod rope;
 mod softmax;
 mod swiglu;
 
-pub(crate) use attention::attention;
 pub use attention::fused_attention_available;
+pub(crate) use attention::{attention, Visible};
 pub use blas::matmul_backend;
 pub(crate) use bmm::bmm;
 pub use linear::packed_rollout_bytes;

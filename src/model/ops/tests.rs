@@ -331,7 +331,7 @@ fn ref_attention(
     v: &Tensor,
     scale: f64,
     t: usize,
-    pads: Option<&[usize]>,
+    vis: Visible<'_>,
 ) -> Tensor {
     let (b, nkv, rq, _) = q.dims4().unwrap();
     let s = k.dim(2).unwrap();
@@ -339,8 +339,16 @@ fn ref_attention(
     for bi in 0..b {
         for rr in 0..rq {
             let hi = rr % t + s - t;
-            let lo = pads.map_or(0, |p| p[bi].min(hi));
-            mask[(bi * rq + rr) * s + lo..=(bi * rq + rr) * s + hi].fill(0.0);
+            for c in 0..=hi {
+                let seen = match vis {
+                    Visible::Causal => true,
+                    Visible::Pads(p) => c >= p[bi].min(hi),
+                    Visible::Tree(reach) => hi < reach[bi * s + c],
+                };
+                if seen {
+                    mask[(bi * rq + rr) * s + c] = 0.0;
+                }
+            }
         }
     }
     let mask = Tensor::from_vec(mask, (b, 1, rq, s), &Device::Cpu).unwrap();
@@ -358,32 +366,52 @@ fn ref_attention(
 /// Fused attention against the composite reference, forward and the
 /// gradients of q, k and v: causal over several row blocks (a block
 /// straddling two query heads), and left-padded prefill and decode shapes
-/// reading k and v as narrowed views of a cache.
+/// reading k and v as narrowed views of a cache, and packed prefix trees
+/// (whose blocks gather the columns they see).
 #[test]
 fn fused_attention_matches_composite_forward_and_backward() {
     if blas_or_skip().is_none() {
         return;
     }
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(21);
-    // (b, n_kv, rep, t, s, hd, pads, cache columns before/after)
-    type Case = (
-        usize,
-        usize,
-        usize,
-        usize,
-        usize,
-        usize,
-        Option<Vec<usize>>,
-        usize,
-    );
-    let cases: [Case; 4] = [
-        (2, 2, 2, 70, 70, 8, None, 0),
-        (1, 1, 3, 5, 5, 4, None, 0),
-        (2, 2, 2, 6, 6, 8, Some(vec![0, 3]), 2),
-        (3, 1, 4, 1, 9, 8, Some(vec![0, 4, 8]), 3),
+    // Prefix trees: random sequences over a 2-token alphabet share a lot.
+    let mut tree = |n: usize, len: usize| -> Vec<usize> {
+        let seqs: Vec<Vec<u32>> = (0..n)
+            .map(|_| (0..len).map(|_| rng.random_range(0..2u32)).collect())
+            .collect();
+        let refs: Vec<&[u32]> = seqs.iter().map(Vec::as_slice).collect();
+        let (order, _) = crate::model::llama::pack::plan(&refs, usize::MAX);
+        let sorted: Vec<&[u32]> = order.iter().map(|&i| refs[i]).collect();
+        crate::model::llama::pack::pack(&sorted).reach
+    };
+    let (tree1, tree2) = (tree(12, 14), tree(3, 4));
+    // (b, n_kv, rep, t, s, hd, mask, cache columns before/after)
+    type Case = (usize, usize, usize, usize, usize, usize, Mask, usize);
+    enum Mask {
+        Causal,
+        Pads(Vec<usize>),
+        Tree(Vec<usize>),
+    }
+    let (t1, t2) = (tree1.len(), tree2.len());
+    let cases: Vec<Case> = vec![
+        (2, 2, 2, 70, 70, 8, Mask::Causal, 0),
+        (1, 1, 3, 5, 5, 4, Mask::Causal, 0),
+        (2, 2, 2, 6, 6, 8, Mask::Pads(vec![0, 3]), 2),
+        (3, 1, 4, 1, 9, 8, Mask::Pads(vec![0, 4, 8]), 3),
+        (1, 2, 3, t1, t1, 8, Mask::Tree(tree1.clone()), 0),
+        (1, 1, 1, t2, t2, 4, Mask::Tree(tree2.clone()), 0),
     ];
-    for (b, nkv, rep, t, s, hd, pads, extra) in cases {
-        let what = format!("b{b} kv{nkv} rep{rep} t{t} s{s} pads {pads:?}");
+    assert!(
+        t1 > 64 && t1 < 12 * 14,
+        "a shared, multi-block tree ({t1} tokens)"
+    );
+    for (b, nkv, rep, t, s, hd, mask, extra) in cases {
+        let vis = match &mask {
+            Mask::Causal => Visible::Causal,
+            Mask::Pads(p) => Visible::Pads(p),
+            Mask::Tree(r) => Visible::Tree(r),
+        };
+        let what = format!("b{b} kv{nkv} rep{rep} t{t} s{s} {vis:?}");
         let q = randn(&mut rng, &[b, nkv, rep * t, hd]);
         let kbig = randn(&mut rng, &[b, nkv, s + 2 * extra, hd]);
         let vbig = randn(&mut rng, &[b, nkv, s + 2 * extra, hd]);
@@ -391,10 +419,10 @@ fn fused_attention_matches_composite_forward_and_backward() {
         let v = vbig.as_tensor().narrow(2, extra, s).unwrap();
         let up = randn(&mut rng, &[hd, 3]);
         let scale = 1.0 / (hd as f64).sqrt();
-        let y1 = attention(q.as_tensor(), &k, &v, scale, t, pads.as_deref())
+        let y1 = attention(q.as_tensor(), &k, &v, scale, t, vis)
             .unwrap()
             .expect("the fused path applies");
-        let y2 = ref_attention(q.as_tensor(), &k, &v, scale, t, pads.as_deref());
+        let y2 = ref_attention(q.as_tensor(), &k, &v, scale, t, vis);
         assert_eq!(y1.dims(), y2.dims());
         let d = max_diff(&y1, &y2);
         assert!(d < 1e-5, "{what}: y differs by {d}");

@@ -79,6 +79,7 @@ fn throughput() {
                 seqs: seqs.clone(),
                 targets: vec![targets; 64],
                 temperature: 1.0,
+                share_prefixes: false,
             };
             let mut fwd = f64::INFINITY;
             let mut tcpu = f64::INFINITY;

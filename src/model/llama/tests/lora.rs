@@ -50,6 +50,7 @@ pub(super) fn lora_batch() -> ScoreBatch {
         seqs: vec![rand_seq(&mut rng, 9, 50), rand_seq(&mut rng, 6, 50)],
         targets: vec![vec![2, 5, 8], vec![1, 5]],
         temperature: 1.0,
+        share_prefixes: false,
     }
 }
 

@@ -98,6 +98,7 @@ fn rescore(p: &Policy, prompts: &[Vec<u32>], gens: &[Generated], temp: f64) -> V
             seqs,
             targets,
             temperature: temp,
+            share_prefixes: false,
         },
     )
     .0

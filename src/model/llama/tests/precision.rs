@@ -46,6 +46,7 @@ fn batch() -> ScoreBatch {
         seqs: vec![rand_seq(&mut rng, 12, 50), rand_seq(&mut rng, 7, 50)],
         targets: vec![vec![3, 8, 11, 1], vec![4, 6]],
         temperature: 1.0,
+        share_prefixes: false,
     }
 }
 

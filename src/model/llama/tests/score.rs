@@ -14,6 +14,7 @@ fn every_parameter_gets_a_gradient() {
             seqs,
             targets: vec![vec![3, 8, 1], vec![4]],
             temperature: 1.0,
+            share_prefixes: false,
         };
         let out = p.score(&batch).unwrap();
         let loss = (out.logp.sum_all().unwrap() + out.entropy.sum_all().unwrap()).unwrap();
@@ -58,6 +59,7 @@ fn fused_and_composite_paths_agree() {
         ],
         targets: vec![vec![3, 8], vec![12, 1, 6], vec![2, 3]],
         temperature: 0.9,
+        share_prefixes: false,
     };
     let run = |composite: bool, chunk: Option<usize>| {
         super::ops::FORCE_COMPOSITE.with(|c| c.set(composite));
@@ -103,6 +105,90 @@ fn fused_and_composite_paths_agree() {
     }
 }
 
+/// Scoring with `share_prefixes` (packed prefix trees) gives the per-
+/// sequence scores and gradients, on the fused and composite paths, in one
+/// packed row and in several; and matches the host reference forward.
+#[test]
+fn packed_prefix_scoring_matches_per_sequence_scoring() {
+    let p = policy(false, 31);
+    let host = HostModel::new(&p);
+    let mut rng = ChaCha8Rng::seed_from_u64(32);
+    let trunk = rand_seq(&mut rng, 12, 50);
+    let with = |n: usize, tail: Vec<u32>| [&trunk[..n], &tail[..]].concat();
+    let seqs = vec![
+        with(12, rand_seq(&mut rng, 5, 50)),
+        rand_seq(&mut rng, 9, 50),
+        with(12, rand_seq(&mut rng, 7, 50)),
+        with(6, rand_seq(&mut rng, 4, 50)),
+        with(12, vec![]),
+        with(12, rand_seq(&mut rng, 5, 50)),
+    ];
+    let mut seqs = seqs;
+    // A duplicate of the first sequence, scored at other targets.
+    seqs.push(seqs[0].clone());
+    let targets = vec![
+        vec![16, 13, 3],
+        vec![8, 1],
+        vec![18, 12, 5, 5],
+        vec![9, 7],
+        vec![11, 2],
+        vec![],
+        vec![14, 1],
+    ];
+    let batch = |share: bool| ScoreBatch {
+        seqs: seqs.clone(),
+        targets: targets.clone(),
+        temperature: 0.8,
+        share_prefixes: share,
+    };
+    let run = |share: bool, composite: bool, chunk: Option<usize>| {
+        super::ops::FORCE_COMPOSITE.with(|c| c.set(composite));
+        CHUNK_BUDGET_OVERRIDE.with(|c| c.set(chunk));
+        let out = p.score(&batch(share)).unwrap();
+        let loss = (out.logp.sum_all().unwrap() + (out.entropy.sum_all().unwrap() * 0.3).unwrap())
+            .unwrap();
+        let grads = loss.backward().unwrap();
+        super::ops::FORCE_COMPOSITE.with(|c| c.set(false));
+        CHUNK_BUDGET_OVERRIDE.with(|c| c.set(None));
+        let logp: Vec<f32> = out.logp.to_vec1().unwrap();
+        let mut flat = logp.clone();
+        flat.extend(out.entropy.to_vec1::<f32>().unwrap());
+        for (name, v) in p.named_vars() {
+            let g = grads
+                .get(v.as_tensor())
+                .unwrap_or_else(|| panic!("no grad for {name}"));
+            flat.extend(g.flatten_all().unwrap().to_vec1::<f32>().unwrap());
+        }
+        (logp, flat)
+    };
+    let mut want_lp = Vec::new();
+    for (s, tg) in seqs.iter().zip(&targets) {
+        let logits = host.logits(s);
+        for &pos in tg {
+            want_lp.push(HostModel::log_softmax(&logits[pos - 1], 0.8)[s[pos] as usize]);
+        }
+    }
+    let (_, plain) = run(false, false, None);
+    // 128-wide activations: 2560 allows 20 tokens per packed row.
+    for (composite, chunk) in [
+        (false, None),
+        (true, None),
+        (false, Some(2560)),
+        (true, Some(2560)),
+    ] {
+        let what = format!("composite={composite} chunk={chunk:?}");
+        let (logp, flat) = run(true, composite, chunk);
+        assert_close(
+            &logp,
+            &want_lp,
+            1e-5,
+            &format!("packed logp vs host, {what}"),
+        );
+        let plain: Vec<f64> = plain.iter().map(|&v| f64::from(v)).collect();
+        assert_close(&flat, &plain, 2e-4, &format!("packed vs plain, {what}"));
+    }
+}
+
 #[test]
 fn score_matches_reference_forward() {
     for tied in [true, false] {
@@ -120,6 +206,7 @@ fn score_matches_reference_forward() {
                 seqs: seqs.clone(),
                 targets: targets.clone(),
                 temperature: temp,
+                share_prefixes: false,
             };
             let (logp, ent) = score_vec(&p, &batch);
             let mut want_lp = Vec::new();
@@ -152,6 +239,7 @@ fn score_matches_reference_forward() {
                     seqs: vec![s.clone()],
                     targets: vec![tg.clone()],
                     temperature: temp,
+                    share_prefixes: false,
                 };
                 let (lp1, _) = score_vec(&p, &single);
                 let want: Vec<f64> = logp[k..k + tg.len()].iter().map(|&x| x as f64).collect();
@@ -170,6 +258,7 @@ fn score_edge_cases() {
             seqs: vec![vec![3, 4]],
             targets: vec![vec![]],
             temperature: 1.0,
+            share_prefixes: false,
         })
         .unwrap();
     assert_eq!(out.logp.dims(), &[0]);
@@ -178,26 +267,31 @@ fn score_edge_cases() {
             seqs: vec![vec![3, 4]],
             targets: vec![vec![2]],
             temperature: 1.0,
+            share_prefixes: false,
         },
         ScoreBatch {
             seqs: vec![vec![3, 4]],
             targets: vec![vec![0]],
             temperature: 1.0,
+            share_prefixes: false,
         },
         ScoreBatch {
             seqs: vec![vec![3, 4]],
             targets: vec![vec![1]],
             temperature: 0.0,
+            share_prefixes: false,
         },
         ScoreBatch {
             seqs: vec![vec![3, 99]],
             targets: vec![vec![1]],
             temperature: 1.0,
+            share_prefixes: false,
         },
         ScoreBatch {
             seqs: vec![vec![3, 4]],
             targets: vec![],
             temperature: 1.0,
+            share_prefixes: false,
         },
     ] {
         assert!(matches!(p.score(&bad), Err(ModelError::InvalidArgument(_))));
@@ -226,6 +320,7 @@ fn matches_candle_transformers_llama() {
                 seqs: vec![seq.clone()],
                 targets: vec![targets.clone()],
                 temperature: 1.0,
+                share_prefixes: false,
             },
         );
         let mut want = Vec::new();

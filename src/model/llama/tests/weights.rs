@@ -11,6 +11,7 @@ fn safetensors_roundtrip_and_errors() {
         seqs,
         targets: vec![vec![1, 4, 7], vec![2, 3]],
         temperature: 1.0,
+        share_prefixes: false,
     };
     for tied in [true, false] {
         let p = policy(tied, 19);
@@ -102,6 +103,7 @@ fn frozen_copy_is_detached_and_independent() {
         seqs: vec![vec![3, 4, 5, 6, 7]],
         targets: vec![vec![2, 4]],
         temperature: 1.0,
+        share_prefixes: false,
     };
     let before = score_vec(&p, &batch);
     assert_eq!(score_vec(&f, &batch), before);
