@@ -115,6 +115,7 @@ fn score_all(p: &Policy, seqs: &[Vec<u32>]) -> Vec<f32> {
         seqs: seqs.to_vec(),
         targets: seqs.iter().map(|s| (1..s.len()).collect()).collect(),
         temperature: 1.0,
+        share_prefixes: false,
     };
     p.score(&batch).unwrap().logp.to_vec1().unwrap()
 }
@@ -780,6 +781,7 @@ fn kv_cached_generation_agrees_with_full_sequence_logits() {
                 seqs: vec![full.clone()],
                 targets: vec![(pr.len()..full.len()).collect()],
                 temperature: 1.0,
+                share_prefixes: false,
             };
             let lp: Vec<f32> = p.score(&batch).unwrap().logp.to_vec1().unwrap();
             let d = max_abs_diff(&lp, &g.logprobs);
@@ -808,6 +810,7 @@ fn every_parameter_gets_a_gradient() {
                 seqs: s.clone(),
                 targets: vec![vec![3, 8, 1], vec![4]],
                 temperature: 1.0,
+                share_prefixes: false,
             })
             .unwrap();
         let loss = (out.logp.sum_all().unwrap() + out.entropy.sum_all().unwrap()).unwrap();
