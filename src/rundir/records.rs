@@ -156,6 +156,8 @@ pub struct StepLine {
     pub rollout_tokens: Option<usize>,
     pub generated_tokens: Option<usize>,
     pub train_tokens: Option<usize>,
+    /// Tokens the model ran for `train_tokens` (shared prefixes once).
+    pub trunk_tokens: Option<usize>,
     pub script_errors: Option<usize>,
     /// The scripts' `metric()` calls of this step.
     #[serde(default, deserialize_with = "number_map")]

@@ -17,8 +17,11 @@ pub struct TrainStats {
     pub lr: f64,
     pub policy_tokens: usize,
     pub aux_tokens: usize,
-    /// Tokens run through forward+backward (prompts included).
+    /// Tokens of the scored sequences (prompts included).
     pub train_tokens: usize,
+    /// Tokens the model ran forward+backward for them: fewer than
+    /// `train_tokens` when shared prefixes are scored once.
+    pub trunk_tokens: usize,
     pub seconds: f64,
 }
 
@@ -65,6 +68,7 @@ pub(super) struct Sums {
     pub(super) policy_tokens: usize,
     pub(super) aux_tokens: usize,
     pub(super) train_tokens: usize,
+    pub(super) trunk_tokens: usize,
 }
 
 /// Host copies of one micro-batch's per-token values, in the order of its
@@ -137,6 +141,7 @@ impl Sums {
             self.policy_tokens as f64,
             self.aux_tokens as f64,
             self.train_tokens as f64,
+            self.trunk_tokens as f64,
         ])?;
         self.pg = v[0];
         self.aux_nll = v[1];
@@ -146,6 +151,7 @@ impl Sums {
         self.policy_tokens = v[5] as usize;
         self.aux_tokens = v[6] as usize;
         self.train_tokens = v[7] as usize;
+        self.trunk_tokens = v[8] as usize;
         Ok(())
     }
 
@@ -171,6 +177,7 @@ impl Sums {
         stats.policy_tokens = self.policy_tokens / ppo_epochs;
         stats.aux_tokens = self.aux_tokens / ppo_epochs;
         stats.train_tokens = self.train_tokens;
+        stats.trunk_tokens = self.trunk_tokens;
         stats
     }
 }

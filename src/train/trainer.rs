@@ -305,6 +305,7 @@ impl Trainer {
             };
             sums.train_tokens += batch.seqs.iter().map(Vec::len).sum::<usize>();
             let out = policy.score(&batch)?;
+            sums.trunk_tokens += out.trunk_tokens;
             // Host copy of the log-probs: forced tokens' ratio base, and
             // the aux NLL metric below.
             let lp = out.logp.detach().to_vec1::<f32>()?;

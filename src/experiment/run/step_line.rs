@@ -116,6 +116,7 @@ pub(super) fn step_line(
         rollout_tokens: Some(rollout_tokens),
         generated_tokens: Some(driven.generated_tokens),
         train_tokens: Some(tstats.train_tokens),
+        trunk_tokens: Some(tstats.trunk_tokens),
         script_errors: Some(driven.script_errors + update.script_errors),
         script: update
             .effects

@@ -45,6 +45,9 @@ pub struct ScoreOutput {
     /// `(N,)` f32: entropy of the full next-token distribution (at the same
     /// temperature) at each target.
     pub entropy: Tensor,
+    /// Tokens the trunk ran: every sequence up to its last target, padding
+    /// included, a shared prefix once with `share_prefixes`.
+    pub trunk_tokens: usize,
 }
 
 impl Policy {
@@ -83,6 +86,7 @@ impl Policy {
             return Ok(ScoreOutput {
                 logp: empty.clone(),
                 entropy: empty,
+                trunk_tokens: 0,
             });
         }
         // Cast once per call (a no-op in f32): the trunk and the head share it.
@@ -91,7 +95,7 @@ impl Policy {
             w = w.map(&|t| Ok(t.detach()))?;
         }
         let w = &w;
-        let hidden = if batch.share_prefixes {
+        let (hidden, trunk_tokens) = if batch.share_prefixes {
             self.packed_hidden(w, batch, &rows, n_targets)?
         } else {
             self.target_hidden(w, batch, &rows, n_targets)?
@@ -106,7 +110,11 @@ impl Policy {
         let both = ops::logp_entropy(&logits, &tgt, 1.0 / batch.temperature)?;
         let logp = both.narrow(1, 0, 1)?.squeeze(1)?.contiguous()?;
         let entropy = both.narrow(1, 1, 1)?.squeeze(1)?.contiguous()?;
-        Ok(ScoreOutput { logp, entropy })
+        Ok(ScoreOutput {
+            logp,
+            entropy,
+            trunk_tokens,
+        })
     }
 
     /// Checks `batch`; returns the rows that have targets as (sequence,
@@ -150,25 +158,28 @@ impl Policy {
 
     /// Runs the trunk (weights `w`) over `rows` (see [`Policy::score_rows`]) chunk by
     /// chunk, longest first, and returns the pre-norm hidden rows that
-    /// predict the `n_targets` targets, in output order.
+    /// predict the `n_targets` targets, in output order, and the number of
+    /// tokens it ran.
     fn target_hidden(
         &self,
         w: &Weights,
         batch: &ScoreBatch,
         rows: &[(usize, usize)],
         n_targets: usize,
-    ) -> Result<Tensor> {
+    ) -> Result<(Tensor, usize)> {
         let first = first_outputs(batch, rows);
         // Longest first, so each chunk is padded only to its own longest.
         let mut order: Vec<usize> = (0..rows.len()).collect();
         order.sort_by_key(|&r| std::cmp::Reverse(rows[r].1));
         let lens: Vec<usize> = order.iter().map(|&r| rows[r].1).collect();
         let mut parts = Vec::new();
+        let mut tokens = 0;
         // gathered[k] = output position of the k-th gathered hidden row.
         let mut gathered = Vec::with_capacity(n_targets);
         for chunk in self.plan_chunks(&lens) {
             let rs = &order[chunk];
             let (b, t) = (rs.len(), rows[rs[0]].1);
+            tokens += b * t;
             let mut ids = vec![0u32; b * t];
             let mut sel = Vec::new();
             for (k, &r) in rs.iter().enumerate() {
@@ -188,7 +199,7 @@ impl Policy {
             let n_sel = sel.len();
             parts.push(x.index_select(&Tensor::from_vec(sel, n_sel, &self.device)?, 0)?);
         }
-        self.in_output_order(parts, &gathered)
+        Ok((self.in_output_order(parts, &gathered)?, tokens))
     }
 
     /// [`Policy::target_hidden`] over packed prefix trees: rows sorted so
@@ -201,11 +212,12 @@ impl Policy {
         batch: &ScoreBatch,
         rows: &[(usize, usize)],
         n_targets: usize,
-    ) -> Result<Tensor> {
+    ) -> Result<(Tensor, usize)> {
         let first = first_outputs(batch, rows);
         let seqs: Vec<&[u32]> = rows.iter().map(|&(i, len)| &batch.seqs[i][..len]).collect();
         let (order, chunks) = pack::plan(&seqs, self.packed_tokens());
         let mut parts = Vec::new();
+        let mut tokens = 0;
         let mut gathered = Vec::with_capacity(n_targets);
         for chunk in chunks {
             let rs = &order[chunk];
@@ -220,6 +232,7 @@ impl Policy {
                 }
             }
             let t = p.ids.len();
+            tokens += t;
             let mut x = self.embed(w, &p.ids)?;
             let rope = self.rope_tables(&p.positions, 1, t);
             let mask = OnceCell::new();
@@ -234,7 +247,7 @@ impl Policy {
             parts.push(x.index_select(&Tensor::from_vec(sel, n_sel, &self.device)?, 0)?);
         }
         debug_assert_eq!(gathered.len(), n_targets);
-        self.in_output_order(parts, &gathered)
+        Ok((self.in_output_order(parts, &gathered)?, tokens))
     }
 
     /// Concatenates the gathered hidden rows `parts` and puts them back in
