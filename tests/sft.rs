@@ -35,7 +35,7 @@ fn experiment(dir: &Path, name: &str, steps: usize, extra: &str) -> Experiment {
              env: #{{ train: "{p}", test: "{p}", max_steps: 6, step_slack: 2 }},
              guidance: #{{ script: "{r}/scripts/guidance/zero_rl.rhai" }},
              rollout: #{{ history: 1, show_actions: false }},
-             trainer: #{{ lr: 0.01, schedule: "constant", grad_clip: 1.0 }},
+             trainer: #{{ lr: 0.01, schedule: "cosine", grad_clip: 1.0 }},
              sft: #{{ tasks_per_step: 8, plan_share: 0.5 {extra} }},
              checkpoint: #{{ every: 0 }} }}"#,
         runs = dir.join("runs").display(),
