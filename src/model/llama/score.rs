@@ -190,14 +190,9 @@ impl Policy {
                     gathered.push(first[r] + j);
                 }
             }
-            let mut x = self.embed(w, &ids)?;
             let positions: Vec<usize> = (0..t).collect();
             let rope = self.rope_tables(&positions, 1, t);
-            for lw in &w.layers {
-                x = self.block(lw, &x, b, t, &rope, AttnMask::Causal, None)?;
-            }
-            let n_sel = sel.len();
-            parts.push(x.index_select(&Tensor::from_vec(sel, n_sel, &self.device)?, 0)?);
+            parts.push(self.trunk_rows(w, &ids, (b, t), &rope, AttnMask::Causal, sel)?);
         }
         Ok((self.in_output_order(parts, &gathered)?, tokens))
     }
@@ -233,21 +228,35 @@ impl Policy {
             }
             let t = p.ids.len();
             tokens += t;
-            let mut x = self.embed(w, &p.ids)?;
             let rope = self.rope_tables(&p.positions, 1, t);
             let mask = OnceCell::new();
             let tree = AttnMask::Tree {
                 reach: &p.reach,
                 mask: &mask,
             };
-            for lw in &w.layers {
-                x = self.block(lw, &x, 1, t, &rope, tree, None)?;
-            }
-            let n_sel = sel.len();
-            parts.push(x.index_select(&Tensor::from_vec(sel, n_sel, &self.device)?, 0)?);
+            parts.push(self.trunk_rows(w, &p.ids, (1, t), &rope, tree, sel)?);
         }
         debug_assert_eq!(gathered.len(), n_targets);
         Ok((self.in_output_order(parts, &gathered)?, tokens))
+    }
+
+    /// Runs the trunk over `ids` (`b` rows of `t` tokens) and keeps the
+    /// hidden rows `sel` (indices into the `b * t` rows).
+    fn trunk_rows(
+        &self,
+        w: &Weights,
+        ids: &[u32],
+        (b, t): (usize, usize),
+        rope: &ops::RopeTables,
+        mask: AttnMask<'_>,
+        sel: Vec<u32>,
+    ) -> Result<Tensor> {
+        let mut x = self.embed(w, ids)?;
+        for lw in &w.layers {
+            x = self.block(lw, &x, b, t, rope, mask, None)?;
+        }
+        let n = sel.len();
+        Ok(x.index_select(&Tensor::from_vec(sel, n, &self.device)?, 0)?)
     }
 
     /// Concatenates the gathered hidden rows `parts` and puts them back in

@@ -44,6 +44,35 @@ fn every_parameter_gets_a_gradient() {
     }
 }
 
+/// Scores `batch` on the composite or fused kernels with the chunk budget
+/// `chunk`; returns the log-probs, and them with the entropies and every
+/// parameter's gradient of `Σ logp + 0.3 Σ entropy`, flattened.
+fn scored(
+    p: &Policy,
+    batch: &ScoreBatch,
+    composite: bool,
+    chunk: Option<usize>,
+) -> (Vec<f32>, Vec<f32>) {
+    super::ops::FORCE_COMPOSITE.with(|c| c.set(composite));
+    CHUNK_BUDGET_OVERRIDE.with(|c| c.set(chunk));
+    let out = p.score(batch).unwrap();
+    let loss =
+        (out.logp.sum_all().unwrap() + (out.entropy.sum_all().unwrap() * 0.3).unwrap()).unwrap();
+    let grads = loss.backward().unwrap();
+    super::ops::FORCE_COMPOSITE.with(|c| c.set(false));
+    CHUNK_BUDGET_OVERRIDE.with(|c| c.set(None));
+    let logp: Vec<f32> = out.logp.to_vec1().unwrap();
+    let mut flat = logp.clone();
+    flat.extend(out.entropy.to_vec1::<f32>().unwrap());
+    for (name, v) in p.named_vars() {
+        let g = grads
+            .get(v.as_tensor())
+            .unwrap_or_else(|| panic!("no grad for {name}"));
+        flat.extend(g.flatten_all().unwrap().to_vec1::<f32>().unwrap());
+    }
+    (logp, flat)
+}
+
 /// The composite (non-CPU) fallbacks of the fused kernels give the same
 /// scores and gradients as the fused CPU kernels, through the whole model,
 /// also when the trunk runs in several chunks.
@@ -61,25 +90,7 @@ fn fused_and_composite_paths_agree() {
         temperature: 0.9,
         share_prefixes: false,
     };
-    let run = |composite: bool, chunk: Option<usize>| {
-        super::ops::FORCE_COMPOSITE.with(|c| c.set(composite));
-        CHUNK_BUDGET_OVERRIDE.with(|c| c.set(chunk));
-        let out = p.score(&batch).unwrap();
-        let loss = (out.logp.sum_all().unwrap() + (out.entropy.sum_all().unwrap() * 0.3).unwrap())
-            .unwrap();
-        let grads = loss.backward().unwrap();
-        super::ops::FORCE_COMPOSITE.with(|c| c.set(false));
-        CHUNK_BUDGET_OVERRIDE.with(|c| c.set(None));
-        let mut flat: Vec<f32> = out.logp.to_vec1().unwrap();
-        flat.extend(out.entropy.to_vec1::<f32>().unwrap());
-        for (name, v) in p.named_vars() {
-            let g = grads
-                .get(v.as_tensor())
-                .unwrap_or_else(|| panic!("no grad for {name}"));
-            flat.extend(g.flatten_all().unwrap().to_vec1::<f32>().unwrap());
-        }
-        flat
-    };
+    let run = |composite: bool, chunk: Option<usize>| scored(&p, &batch, composite, chunk).1;
     let fused = run(false, None);
     for (composite, chunk) in [(true, None), (false, Some(1)), (true, Some(1))] {
         let other: Vec<f64> = run(composite, chunk).into_iter().map(f64::from).collect();
@@ -142,24 +153,7 @@ fn packed_prefix_scoring_matches_per_sequence_scoring() {
         share_prefixes: share,
     };
     let run = |share: bool, composite: bool, chunk: Option<usize>| {
-        super::ops::FORCE_COMPOSITE.with(|c| c.set(composite));
-        CHUNK_BUDGET_OVERRIDE.with(|c| c.set(chunk));
-        let out = p.score(&batch(share)).unwrap();
-        let loss = (out.logp.sum_all().unwrap() + (out.entropy.sum_all().unwrap() * 0.3).unwrap())
-            .unwrap();
-        let grads = loss.backward().unwrap();
-        super::ops::FORCE_COMPOSITE.with(|c| c.set(false));
-        CHUNK_BUDGET_OVERRIDE.with(|c| c.set(None));
-        let logp: Vec<f32> = out.logp.to_vec1().unwrap();
-        let mut flat = logp.clone();
-        flat.extend(out.entropy.to_vec1::<f32>().unwrap());
-        for (name, v) in p.named_vars() {
-            let g = grads
-                .get(v.as_tensor())
-                .unwrap_or_else(|| panic!("no grad for {name}"));
-            flat.extend(g.flatten_all().unwrap().to_vec1::<f32>().unwrap());
-        }
-        (logp, flat)
+        scored(&p, &batch(share), composite, chunk)
     };
     let mut want_lp = Vec::new();
     for (s, tg) in seqs.iter().zip(&targets) {
