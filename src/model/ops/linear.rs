@@ -51,6 +51,17 @@ pub(crate) fn bf16_rollouts_available() -> bool {
     blas().is_some_and(Blas::has_bf16)
 }
 
+/// Whether this CPU has AMX bf16 tiles (Linux: `/proc/cpuinfo`; `None`
+/// where that cannot be read). Without them MKL's bf16 products run on
+/// AVX-512 and are slower than its f32 ones: on an AMD EPYC with
+/// AVX512-BF16, SmolLM2-135M decoded 11.5 tok/s from bf16 weights against
+/// 31.3 in f32 at batch 1.
+pub fn cpu_has_amx_bf16() -> Option<bool> {
+    let info = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+    let flags = info.lines().find(|l| l.starts_with("flags"))?;
+    Some(flags.split_whitespace().any(|f| f == "amx_bf16"))
+}
+
 /// `x (f32) @ wᵀ (bf16)` on the BLAS's bf16 kernels, for generation (no
 /// gradient: rollout weights are detached).
 fn bf16_linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
