@@ -122,10 +122,60 @@ pub(crate) fn blas() -> Option<&'static Blas> {
 
 /// One line for run logs and benchmarks: which kernels the CPU products use.
 pub fn matmul_backend() -> String {
+    let rust = if wide_rust_gemm() {
+        "candle gemm (pure Rust, AVX-512)"
+    } else {
+        "candle gemm (pure Rust)"
+    };
     match blas() {
+        Some(b) if wide_rust_gemm() => format!(
+            "{}, projections of more than {RUST_GEMM_MIN_ROWS} rows on {rust}",
+            b.name
+        ),
         Some(b) => b.name.clone(),
-        None => "candle gemm (pure Rust)".into(),
+        None => rust.into(),
     }
+}
+
+/// Projections of more rows than this skip the BLAS for candle's gemm where
+/// [`wide_rust_gemm`] holds: at decode-sized products MKL stays faster.
+pub(crate) const RUST_GEMM_MIN_ROWS: usize = 256;
+
+/// Whether candle's gemm has wider kernels here than the BLAS: on x86 CPUs
+/// with AVX-512 that are not Intel's, MKL runs a generic AVX2 kernel
+/// (`mkl_blas_def_sgemm_kernel_0_zen`, ~90 GFLOP/s per core on an AMD
+/// EPYC), while candle's gemm, built with its AVX-512 kernels
+/// (`gemm/x86-v4`), reaches ~180 on large products. On Intel CPUs MKL has
+/// AVX-512 (and AMX) kernels of its own. `ACTGUIDE_RUST_GEMM=off` keeps
+/// every product on the BLAS.
+pub(crate) fn wide_rust_gemm() -> bool {
+    static WIDE: OnceLock<bool> = OnceLock::new();
+    *WIDE.get_or_init(|| {
+        if matches!(
+            std::env::var("ACTGUIDE_RUST_GEMM").as_deref(),
+            Ok("off" | "0" | "none")
+        ) {
+            return false;
+        }
+        avx512_not_intel()
+    })
+}
+
+#[cfg(target_arch = "x86_64")]
+fn avx512_not_intel() -> bool {
+    // SAFETY: cpuid leaf 0 exists on every x86-64 CPU.
+    #[allow(unused_unsafe)]
+    let id = unsafe { std::arch::x86_64::__cpuid(0) };
+    let vendor: Vec<u8> = [id.ebx, id.edx, id.ecx]
+        .iter()
+        .flat_map(|r| r.to_le_bytes())
+        .collect();
+    std::arch::is_x86_feature_detected!("avx512f") && vendor != b"GenuineIntel"
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn avx512_not_intel() -> bool {
+    false
 }
 
 fn load() -> Option<Blas> {

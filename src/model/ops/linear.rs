@@ -12,7 +12,7 @@ use std::sync::{Arc, LazyLock, Mutex};
 
 use candle_core::TensorId;
 
-use super::blas::{blas, Blas, PackedBf16};
+use super::blas::{blas, wide_rust_gemm, Blas, PackedBf16, RUST_GEMM_MIN_ROWS};
 use super::{f32_slice, fused};
 use crate::model::error::Result;
 
@@ -103,10 +103,14 @@ fn bf16_linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
 }
 
 /// The BLAS product when a BLAS is loaded and both operands are f32 CPU
-/// matrices; `None` leaves the product to candle.
+/// matrices; `None` leaves the product to candle (also for large products
+/// where candle's gemm has the wider kernels, see [`wide_rust_gemm`]).
 fn blas_linear(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
     let Some(blas) = blas() else { return Ok(None) };
     if !(fused(x) && fused(w) && x.rank() == 2 && w.rank() == 2) {
+        return Ok(None);
+    }
+    if wide_rust_gemm() && x.dim(0)? > RUST_GEMM_MIN_ROWS {
         return Ok(None);
     }
     Ok(Some(
