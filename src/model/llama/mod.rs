@@ -24,7 +24,9 @@
 //! forward-only kernels.
 //!
 //! Both paths run the trunk in chunks of sequences (longest first) so that
-//! no activation grows past a few MB (see `CHUNK_BUDGET` in the source).
+//! no activation grows past a few MB (see `CHUNK_BUDGET` in the source);
+//! scoring with `share_prefixes` runs chunks of packed prefix trees
+//! instead (`pack`), by the same budget.
 //!
 //! Files, one concept each:
 //! - `weights`: the parameter tensors (`Weights`, `LayerW`), their HF

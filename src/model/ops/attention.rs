@@ -4,8 +4,10 @@
 //! backward. The forward saves one log-sum-exp per query row; the backward
 //! recomputes each block's probabilities from it (flash attention's scheme).
 //! A block multiplies only the key columns its rows can see, so a causal
-//! mask skips about half the work. Grouped-query heads read their kv head in
-//! place, and the KV cache's strided views are read without a copy.
+//! mask skips about half the work; under a packed prefix tree's mask
+//! ([`Visible::Tree`]) a block gathers just the columns its rows see.
+//! Grouped-query heads read their kv head in place, and the KV cache's
+//! strided views are read without a copy.
 //!
 //! Without a BLAS, or off the f32 CPU path, [`attention`] returns `None`
 //! and the caller takes the composite ops (batched products and
