@@ -277,13 +277,20 @@ impl Block<'_> {
         }
     }
 
-    /// Adds the block's gradient rows `g` (`n × hd`, computed into a
-    /// scratch when gathered) into the unit's `(s, hd)` gradient `dst`.
-    fn scatter_add(&self, g: &[f32], dst: &mut [f32], hd: usize) {
-        if let Some((cols, _)) = &self.tree {
-            for (row, &c) in g.chunks(hd).zip(cols) {
-                for (d, x) in dst[c * hd..(c + 1) * hd].iter_mut().zip(row) {
-                    *d += x;
+    /// Accumulates the block's `n × hd` gradient rows into the unit's
+    /// `(s, hd)` gradient `dst`: `acc` adds them (beta = 1) to the slice it
+    /// is given, `dst`'s own rows in place, or a zeroed scratch that is then
+    /// scattered to the gathered columns.
+    fn accumulate(&self, dst: &mut [f32], hd: usize, acc: impl FnOnce(&mut [f32])) {
+        match &self.tree {
+            None => acc(&mut dst[self.c0 * hd..]),
+            Some((cols, _)) => {
+                let mut g = vec![0f32; self.n * hd];
+                acc(&mut g);
+                for (row, &c) in g.chunks(hd).zip(cols) {
+                    for (d, x) in dst[c * hd..(c + 1) * hd].iter_mut().zip(row) {
+                        *d += x;
+                    }
                 }
             }
         }
@@ -479,20 +486,17 @@ impl Attention {
                             };
                         }
                     }
-                    // Gathered columns: dK and dV rows go to a scratch first.
-                    let mut scratch = if blk.tree.is_some() {
-                        vec![0f32; n * hd]
-                    } else {
-                        Vec::new()
-                    };
                     // dV += Pᵀ dO.
-                    let dvb = if blk.tree.is_some() {
-                        &mut scratch[..]
-                    } else {
-                        &mut dvu[blk.c0 * hd..]
-                    };
-                    blas.gemm_serial((true, false), (n, hd, m), (&p, n), (gb, hd), (dvb, hd), 1.0);
-                    blk.scatter_add(&scratch, dvu, hd);
+                    blk.accumulate(dvu, hd, |dvb| {
+                        blas.gemm_serial(
+                            (true, false),
+                            (n, hd, m),
+                            (&p, n),
+                            (gb, hd),
+                            (dvb, hd),
+                            1.0,
+                        )
+                    });
                     // dS = scale · P ⊙ (dO Vᵀ − rowsum(dO ⊙ O)).
                     let mut ds = vec![0f32; m * n];
                     blas.gemm_serial(
@@ -522,21 +526,16 @@ impl Attention {
                         (&mut dqu[r0 * hd..], hd),
                         0.0,
                     );
-                    scratch.fill(0.0);
-                    let dkb = if blk.tree.is_some() {
-                        &mut scratch[..]
-                    } else {
-                        &mut dku[blk.c0 * hd..]
-                    };
-                    blas.gemm_serial(
-                        (true, false),
-                        (n, hd, m),
-                        (&ds, n),
-                        (qb, hd),
-                        (dkb, hd),
-                        1.0,
-                    );
-                    blk.scatter_add(&scratch, dku, hd);
+                    blk.accumulate(dku, hd, |dkb| {
+                        blas.gemm_serial(
+                            (true, false),
+                            (n, hd, m),
+                            (&ds, n),
+                            (qb, hd),
+                            (dkb, hd),
+                            1.0,
+                        )
+                    });
                 }
             });
         (dq, dk, dv)
