@@ -53,6 +53,43 @@ pub(super) enum AttnMask<'a> {
     },
 }
 
+/// [`CHUNK_BUDGET`], or this thread's test override.
+fn chunk_budget() -> usize {
+    CHUNK_BUDGET_OVERRIDE
+        .with(|c| c.get())
+        .unwrap_or(CHUNK_BUDGET)
+}
+
+impl<'a> AttnMask<'a> {
+    /// The additive mask the composite path adds to `(b, n_kv, rep, t, s)`
+    /// scores, built on first use; `None` for the causal mask, which
+    /// `ops::causal_softmax` applies itself.
+    fn additive(self, t: usize, s: usize, device: &Device) -> Result<Option<&'a Tensor>> {
+        // Built only when the cell is still empty.
+        let (cell, built) = match self {
+            AttnMask::Causal => return Ok(None),
+            AttnMask::Padded { pads, mask } => (
+                mask,
+                mask.get()
+                    .is_none()
+                    .then(|| padded_mask(pads, t, s, device))
+                    .transpose()?,
+            ),
+            AttnMask::Tree { reach, mask } => (
+                mask,
+                mask.get()
+                    .is_none()
+                    .then(|| tree_mask(reach, device))
+                    .transpose()?,
+            ),
+        };
+        if let Some(m) = built {
+            let _ = cell.set(m);
+        }
+        Ok(cell.get())
+    }
+}
+
 /// [`AttnMask::Tree`]'s additive mask, `(1, 1, 1, t, t)`.
 fn tree_mask(reach: &[usize], device: &Device) -> Result<Tensor> {
     let t = reach.len();
@@ -92,9 +129,7 @@ impl Policy {
     /// Splits sequences, sorted by decreasing length `lens`, into
     /// consecutive chunks whose largest activation fits [`CHUNK_BUDGET`].
     pub(super) fn plan_chunks(&self, lens: &[usize]) -> Vec<std::ops::Range<usize>> {
-        let budget = CHUNK_BUDGET_OVERRIDE
-            .with(|c| c.get())
-            .unwrap_or(CHUNK_BUDGET);
+        let budget = chunk_budget();
         let widest = self.widest_activation();
         let mut out = Vec::new();
         let mut start = 0;
@@ -113,9 +148,7 @@ impl Policy {
     /// [`Policy::plan_chunks`]: the fused attention keeps no scores, the
     /// composite path keeps `(heads, t, t)` of them.
     pub(super) fn packed_tokens(&self) -> usize {
-        let budget = CHUNK_BUDGET_OVERRIDE
-            .with(|c| c.get())
-            .unwrap_or(CHUNK_BUDGET);
+        let budget = chunk_budget();
         let widest = self.widest_activation();
         let nh = self.cfg.num_attention_heads;
         let fused =
@@ -243,38 +276,23 @@ impl Policy {
         if let Some(y) = ops::attention(&q, &k, &v, scale, t, vis)? {
             return heads_last(y);
         }
-        let att = match mask {
+        let att = match mask.additive(t, s, &self.device)? {
             // Training path: fused scale + causal mask + softmax, with backward.
-            AttnMask::Causal => ops::causal_softmax(&ops::bmm(&q, &k, true)?, scale, t)?,
-            // Generation path (detached weights, no backward needed), so
-            // candle's fused forward-only softmax is fine here.
-            AttnMask::Padded { pads, mask } => {
-                if mask.get().is_none() {
-                    let _ = mask.set(padded_mask(pads, t, s, &self.device)?);
-                }
-                let m = mask.get().expect("set above");
-                let att = ops::bmm(&q.affine(scale, 0.0)?, &k, true)?
-                    .reshape((b, nkv, rep, t, s))?
-                    .to_dtype(DType::F32)?
-                    .broadcast_add(m)?;
+            None => ops::causal_softmax(&ops::bmm(&q, &k, true)?, scale, t)?,
+            Some(m) => {
                 // In f32 whatever the compute dtype (as HF does).
-                candle_nn::ops::softmax_last_dim(&att)?
-                    .to_dtype(q.dtype())?
-                    .reshape((b, nkv, rep * t, s))?
-            }
-            // Training path: candle's composite (differentiable) softmax.
-            AttnMask::Tree { reach, mask } => {
-                if mask.get().is_none() {
-                    let _ = mask.set(tree_mask(reach, &self.device)?);
-                }
-                let m = mask.get().expect("set above");
                 let att = ops::bmm(&q.affine(scale, 0.0)?, &k, true)?
                     .reshape((b, nkv, rep, t, s))?
                     .to_dtype(DType::F32)?
                     .broadcast_add(m)?;
-                candle_nn::ops::softmax(&att, candle_core::D::Minus1)?
-                    .to_dtype(q.dtype())?
-                    .reshape((b, nkv, rep * t, s))?
+                let p = match mask {
+                    // Scoring: candle's composite (differentiable) softmax.
+                    AttnMask::Tree { .. } => candle_nn::ops::softmax(&att, candle_core::D::Minus1)?,
+                    // Generation (detached weights, no backward needed), so
+                    // candle's fused forward-only softmax is fine here.
+                    _ => candle_nn::ops::softmax_last_dim(&att)?,
+                };
+                p.to_dtype(q.dtype())?.reshape((b, nkv, rep * t, s))?
             }
         };
         heads_last(ops::bmm(&att, &v, false)?)

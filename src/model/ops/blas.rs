@@ -139,7 +139,13 @@ pub fn matmul_backend() -> String {
 
 /// Projections of more rows than this skip the BLAS for candle's gemm where
 /// [`wide_rust_gemm`] holds: at decode-sized products MKL stays faster.
-pub(crate) const RUST_GEMM_MIN_ROWS: usize = 256;
+const RUST_GEMM_MIN_ROWS: usize = 256;
+
+/// Whether a projection of `rows` rows runs on candle's gemm rather than
+/// the BLAS (see [`wide_rust_gemm`]).
+pub(crate) fn rust_gemm_for(rows: usize) -> bool {
+    rows > RUST_GEMM_MIN_ROWS && wide_rust_gemm()
+}
 
 /// Whether candle's gemm has wider kernels here than the BLAS: on x86 CPUs
 /// with AVX-512 that are not Intel's, MKL runs a generic AVX2 kernel
@@ -148,7 +154,7 @@ pub(crate) const RUST_GEMM_MIN_ROWS: usize = 256;
 /// (`gemm/x86-v4`), reaches ~180 on large products. On Intel CPUs MKL has
 /// AVX-512 (and AMX) kernels of its own. `ACTGUIDE_RUST_GEMM=off` keeps
 /// every product on the BLAS.
-pub(crate) fn wide_rust_gemm() -> bool {
+fn wide_rust_gemm() -> bool {
     static WIDE: OnceLock<bool> = OnceLock::new();
     *WIDE.get_or_init(|| {
         if matches!(

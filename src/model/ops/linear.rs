@@ -12,7 +12,7 @@ use std::sync::{Arc, LazyLock, Mutex};
 
 use candle_core::TensorId;
 
-use super::blas::{blas, wide_rust_gemm, Blas, PackedBf16, RUST_GEMM_MIN_ROWS};
+use super::blas::{blas, rust_gemm_for, Blas, PackedBf16};
 use super::{f32_slice, fused};
 use crate::model::error::Result;
 
@@ -104,13 +104,13 @@ fn bf16_linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
 
 /// The BLAS product when a BLAS is loaded and both operands are f32 CPU
 /// matrices; `None` leaves the product to candle (also for large products
-/// where candle's gemm has the wider kernels, see [`wide_rust_gemm`]).
+/// where candle's gemm has the wider kernels, see [`rust_gemm_for`]).
 fn blas_linear(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
     let Some(blas) = blas() else { return Ok(None) };
     if !(fused(x) && fused(w) && x.rank() == 2 && w.rank() == 2) {
         return Ok(None);
     }
-    if wide_rust_gemm() && x.dim(0)? > RUST_GEMM_MIN_ROWS {
+    if rust_gemm_for(x.dim(0)?) {
         return Ok(None);
     }
     Ok(Some(
