@@ -139,7 +139,8 @@ pub struct ModelBenchReport {
     pub repeats: usize,
     pub load_s: f64,
     pub rows: Vec<ModelBenchRow>,
-    /// Memory held by the MKL-packed bf16 rollout weights (`--rollout-bf16`).
+    /// Memory held by the packed rollout weights: MKL's bf16 packs
+    /// (`--rollout-bf16`) or the f32 packs of the decode kernel.
     pub rollout_packed_bytes: Option<usize>,
 }
 
@@ -176,7 +177,7 @@ impl std::fmt::Display for ModelBenchReport {
         if let Some(b) = self.rollout_packed_bytes {
             write!(
                 f,
-                "\npacked bf16 weights for decode: {:.0} MB",
+                "\npacked weights for decode: {:.0} MB",
                 b as f64 / 1048576.0
             )?;
         }

@@ -123,8 +123,9 @@ pub struct Footprint {
     /// Attention runs fused (f32 on the CPU with a BLAS): no `(t, t)`
     /// scores or probabilities are kept for the backward.
     pub fused_attention: bool,
-    /// Bytes of the cached bf16 rollout weights and their MKL-packed
-    /// copies (`model.rollout_bf16`; 0 otherwise), held all run long.
+    /// Bytes of the cached rollout weights and their packed copies
+    /// (`model.rollout_bf16`, or f32 where the decode kernel runs; 0
+    /// otherwise), held all run long.
     pub rollout_copies: u64,
 }
 
@@ -139,18 +140,18 @@ impl Footprint {
             fused_attention: policy.device().is_cpu()
                 && policy.precision() == Precision::F32
                 && crate::model::fused_attention_available(),
-            rollout_copies: if policy.rollout_bf16() {
-                rollout_copy_bytes(policy.config())
-            } else {
-                0
-            },
+            rollout_copies: rollout_copy_bytes(policy),
         }
     }
 }
 
-/// The bf16 copies of every product weight (projections, gate/up, LM
-/// head) plus their packed copies.
-fn rollout_copy_bytes(cfg: &ModelConfig) -> u64 {
+/// The cached rollout weights of `policy`: under `model.rollout_bf16` the
+/// bf16 copies of every product weight (projections, gate/up, LM head)
+/// plus MKL's packs of them; in f32 on a CPU where the decode kernel runs,
+/// its packs (one f32 copy of the same weights) and the gate/up
+/// concatenation they are cached with; else nothing.
+fn rollout_copy_bytes(policy: &Policy) -> u64 {
+    let cfg = policy.config();
     let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
     let a = cfg.num_attention_heads * cfg.head_dim();
     let kv = cfg.num_key_value_heads * cfg.head_dim();
@@ -159,8 +160,18 @@ fn rollout_copy_bytes(cfg: &ModelConfig) -> u64 {
         shapes.extend([(a, h), (kv, h), (kv, h), (h, a), (2 * i, h), (h, i)]);
     }
     shapes.push((cfg.vocab_size, h));
-    let elems: u64 = shapes.iter().map(|&(n, k)| (n * k) as u64).sum();
-    elems * 2 + crate::model::packed_rollout_bytes(&shapes)
+    if policy.rollout_bf16() {
+        let elems: u64 = shapes.iter().map(|&(n, k)| (n * k) as u64).sum();
+        return elems * 2 + crate::model::packed_rollout_bytes(&shapes);
+    }
+    if policy.device().is_cpu() && policy.precision() == Precision::F32 {
+        let packs = crate::model::packed_f32_rollout_bytes(&shapes);
+        if packs > 0 {
+            let gu = cfg.num_hidden_layers as u64 * 2 * i as u64 * h as u64 * 4;
+            return packs + gu;
+        }
+    }
+    0
 }
 
 /// Estimates the peak of a run of `policy` with `shape`.

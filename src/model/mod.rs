@@ -67,7 +67,10 @@ pub use llama::{
     note_weights_changed, GenerateOptions, Generated, Policy, ScoreBatch, ScoreOutput,
 };
 pub use lora::{LoraConfig, Proj};
-pub use ops::{cpu_has_amx_bf16, fused_attention_available, matmul_backend, packed_rollout_bytes};
+pub use ops::{
+    cpu_has_amx_bf16, fused_attention_available, matmul_backend, packed_f32_rollout_bytes,
+    packed_rollout_bytes,
+};
 pub use precision::Precision;
 pub use source::ModelSource;
 pub use tokenizer::Tok;

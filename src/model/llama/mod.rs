@@ -165,6 +165,10 @@ impl Policy {
                 crate::model::matmul_backend()
             )));
         }
+        if self.rollout_bf16 != on {
+            // The cached rollout weights are of the other kind.
+            *self.rollout_cache.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        }
         self.rollout_bf16 = on;
         Ok(())
     }
@@ -174,8 +178,9 @@ impl Policy {
         self.rollout_bf16
     }
 
-    /// Bytes held by the MKL-packed copies of the bf16 rollout weights
-    /// (decode-sized products), once generation has built them.
+    /// Bytes held by the packed copies of the rollout weights (MKL's for
+    /// bf16, the decode kernel's for f32; decode-sized products), once
+    /// generation has built them.
     pub fn rollout_packed_bytes(&self) -> Option<usize> {
         let cache = self.rollout_cache.lock().unwrap_or_else(|e| e.into_inner());
         cache.as_ref()?.packed.as_ref().map(|p| p.bytes)

@@ -206,15 +206,16 @@ impl Weights {
         Ok(self)
     }
 
-    /// The weights [`Weights::rollout_bf16`] converts: every projection,
-    /// the fused gate/up and the LM head.
+    /// The weights generation multiplies by, which rollout copies convert
+    /// or pack: every projection, the fused gate/up and the LM head (the
+    /// embedding when tied).
     pub(crate) fn rollout_products(&self) -> Vec<&Tensor> {
         let mut out = Vec::new();
         for l in &self.layers {
             out.extend([&l.q, &l.k, &l.v, &l.o, &l.down]);
             out.extend(l.gu.as_ref());
         }
-        out.extend(self.lm_head.as_ref());
+        out.push(self.head());
         out
     }
 

@@ -230,7 +230,9 @@ impl Policy {
     /// the products' weights in bf16 under [`Policy::set_rollout_bf16`],
     /// also packed for MKL's decode-sized products.
     pub(in crate::model) fn inference_weights(&self) -> Result<Weights> {
-        if !self.rollout_bf16 {
+        use crate::model::ops::{f32_rollout_packs, PackedWeights};
+        let f32_packs = self.device.is_cpu() && self.dtype == DType::F32 && f32_rollout_packs();
+        if !self.rollout_bf16 && !f32_packs {
             return self.merged_weights();
         }
         let key = (weights_epoch(), self.w.ids());
@@ -240,8 +242,15 @@ impl Policy {
         }
         // Free the stale copies first; their packed buffers are reused.
         let old = cache.take().and_then(|c| c.packed);
-        let w = self.merged_weights()?.rollout_bf16()?;
-        let packed = crate::model::ops::PackedWeights::pack(&w.rollout_products(), old)?;
+        let (w, packed) = if self.rollout_bf16 {
+            let w = self.merged_weights()?.rollout_bf16()?;
+            let packed = PackedWeights::pack(&w.rollout_products(), old)?;
+            (w, packed)
+        } else {
+            let w = self.merged_weights()?;
+            let packed = PackedWeights::pack_f32(&w.rollout_products(), old)?;
+            (w, packed)
+        };
         *cache = Some(RolloutCache {
             key,
             w: w.clone(),

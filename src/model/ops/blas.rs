@@ -154,7 +154,7 @@ pub(crate) fn rust_gemm_for(rows: usize) -> bool {
 /// (`gemm/x86-v4`), reaches ~180 on large products. On Intel CPUs MKL has
 /// AVX-512 (and AMX) kernels of its own. `ACTGUIDE_RUST_GEMM=off` keeps
 /// every product on the BLAS.
-fn wide_rust_gemm() -> bool {
+pub(crate) fn wide_rust_gemm() -> bool {
     static WIDE: OnceLock<bool> = OnceLock::new();
     *WIDE.get_or_init(|| {
         if matches!(

@@ -12,7 +12,8 @@ use std::sync::{Arc, LazyLock, Mutex};
 
 use candle_core::TensorId;
 
-use super::blas::{blas, rust_gemm_for, Blas, PackedBf16};
+use super::blas::{blas, rust_gemm_for, wide_rust_gemm, Blas, PackedBf16};
+use super::skinny::{self, PackedF32};
 use super::{f32_slice, fused};
 use crate::model::error::Result;
 
@@ -22,6 +23,9 @@ use crate::model::error::Result;
 pub(crate) fn linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     if w.dtype() == DType::BF16 && x.dtype() == DType::F32 {
         return bf16_linear(x, w);
+    }
+    if let Some(y) = packed_f32_linear(x, w)? {
+        return Ok(y);
     }
     if let Some(y) = blas_linear(x, w)? {
         return Ok(y);
@@ -49,6 +53,66 @@ pub(crate) fn frozen_linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
 /// products (MKL's `cblas_gemm_bf16bf16f32`).
 pub(crate) fn bf16_rollouts_available() -> bool {
     blas().is_some_and(Blas::has_bf16)
+}
+
+/// Whether generation packs its f32 weights for [`skinny`]'s kernel: on
+/// CPUs with AVX-512 (F and VL), unless MKL is loaded on an Intel CPU (its
+/// own AVX-512 kernels, not measured against this one).
+/// `ACTGUIDE_PACKED_ROLLOUTS=off` turns it off (saving the copies'
+/// memory, one f32 copy of every product weight).
+pub(crate) fn f32_rollout_packs() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        !matches!(
+            std::env::var("ACTGUIDE_PACKED_ROLLOUTS").as_deref(),
+            Ok("off" | "0" | "none")
+        ) && skinny::available()
+            && (blas().is_none() || wide_rust_gemm())
+    })
+}
+
+/// `x @ wᵀ` on [`skinny`]'s kernel when `w` has a registered f32 pack and
+/// the product is untracked (generation: decode and prefill); `None`
+/// otherwise.
+fn packed_f32_linear(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
+    if w.dtype() != DType::F32
+        || x.dtype() != DType::F32
+        || x.rank() != 2
+        || x.track_op()
+        || !x.device().is_cpu()
+    {
+        return Ok(None);
+    }
+    let Some(pack) = registered(w.id()) else {
+        return Ok(None);
+    };
+    let Pack::F32(p) = &*pack else {
+        return Ok(None);
+    };
+    let (m, k) = x.dims2()?;
+    if p.dims() != w.dims2()? || k != p.dims().1 {
+        return Err(candle_core::Error::Msg(format!(
+            "packed linear: x {:?} against w {:?} packed as {:?}",
+            x.shape(),
+            w.shape(),
+            p.dims()
+        ))
+        .into());
+    }
+    #[cfg(test)]
+    PACKED_PRODUCTS.with(|c| c.set(c.get() + 1));
+    let x = x.contiguous()?;
+    let y = with_f32(&x, |xs| p.matmul(xs, m))?;
+    Ok(Some(Tensor::from_vec(y, (m, p.dims().0), &Device::Cpu)?))
+}
+
+/// The pack registered for weight `id`, if any.
+fn registered(id: TensorId) -> Option<Arc<Pack>> {
+    PACKED
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&id)
+        .cloned()
 }
 
 /// Whether this CPU has AMX bf16 tiles (Linux: `/proc/cpuinfo`; `None`
@@ -80,21 +144,17 @@ fn bf16_linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
         .into());
     }
     let packed = if m <= PACKED_MAX_ROWS {
-        PACKED
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&w.id())
-            .cloned()
+        registered(w.id())
     } else {
         None
     };
-    let y = with_f32(&x, |xs| match packed {
-        Some(p) => {
+    let y = with_f32(&x, |xs| match packed.as_deref() {
+        Some(Pack::Bf16(p)) => {
             #[cfg(test)]
             PACKED_PRODUCTS.with(|c| c.set(c.get() + 1));
-            Ok(blas.gemm_bf16_packed(m, xs, &p))
+            Ok(blas.gemm_bf16_packed(m, xs, p))
         }
-        None => with_bf16_bits(&w, |wb| {
+        _ => with_bf16_bits(&w, |wb| {
             blas.gemm_bf16_nt(m, n, k, xs, wb)
                 .expect("checked has_bf16")
         }),
@@ -246,33 +306,107 @@ impl CustomOp1 for FrozenLinear {
 /// took 124 µs unpacked, 43 µs packed; at 256 rows packed was slower).
 const PACKED_MAX_ROWS: usize = 64;
 
-/// MKL-packed copies of bf16 rollout weights, by the id of the bf16 tensor
-/// they were packed from (ids are never reused). Filled and emptied by
-/// [`PackedWeights`].
-static PACKED: LazyLock<Mutex<HashMap<TensorId, Arc<PackedBf16>>>> =
-    LazyLock::new(Default::default);
+/// A packed copy of a rollout weight.
+pub(crate) enum Pack {
+    /// MKL's packed layout of a bf16 weight (its bf16 products).
+    Bf16(PackedBf16),
+    /// [`skinny`]'s layout of an f32 weight.
+    F32(PackedF32),
+}
 
-/// Packed copies of a set of bf16 rollout weights, used by [`linear`] for
+impl Pack {
+    fn bytes(&self) -> usize {
+        match self {
+            Pack::Bf16(p) => p.bytes(),
+            Pack::F32(p) => p.bytes(),
+        }
+    }
+}
+
+/// Packed copies of rollout weights, by the id of the tensor they were
+/// packed from (ids are never reused). Filled and emptied by
+/// [`PackedWeights`].
+static PACKED: LazyLock<Mutex<HashMap<TensorId, Arc<Pack>>>> = LazyLock::new(Default::default);
+
+/// Packed copies of a set of rollout weights, used by [`linear`] for
 /// small-batch products while this value lives (the rollout cache holds
 /// it next to the weights); dropping it unregisters and frees them.
 pub(crate) struct PackedWeights {
-    packs: Vec<(TensorId, Arc<PackedBf16>)>,
-    /// Bytes the packed copies hold (MKL's packed layout pads: for
-    /// SmolLM2-135M about 2 GB for 270 MB of bf16 weights).
+    packs: Vec<(TensorId, Arc<Pack>)>,
+    /// Bytes the packed copies hold (MKL's bf16 layout pads: for
+    /// SmolLM2-135M about 2 GB for 270 MB of bf16 weights; the f32 one
+    /// holds the weights once, 540 MB).
     pub(crate) bytes: usize,
 }
 
 impl PackedWeights {
-    /// Packs every bf16 CPU weight of `ws` (in parallel); `None` without
-    /// MKL's packing API. `reuse`: the packs of the previous version of the
-    /// same weights (same order), whose buffers are overwritten.
+    /// Packs every bf16 CPU weight of `ws` for MKL (in parallel); `None`
+    /// without MKL's packing API. `reuse`: the packs of the previous
+    /// version of the same weights (same order), whose buffers are
+    /// overwritten.
     pub(crate) fn pack(
         ws: &[&Tensor],
         reuse: Option<PackedWeights>,
     ) -> Result<Option<PackedWeights>> {
         use rayon::prelude::*;
         let Some(blas) = blas() else { return Ok(None) };
-        let mut old: Vec<Option<PackedBf16>> = match reuse {
+        let mut old: Vec<Option<PackedBf16>> = Self::reusable(reuse, ws.len())
+            .into_iter()
+            .map(|p| match p {
+                Some(Pack::Bf16(p)) => Some(p),
+                _ => None,
+            })
+            .collect();
+        let packed: Vec<Option<(TensorId, Pack)>> = ws
+            .par_iter()
+            .zip(old.par_iter_mut())
+            .map(|(w, old)| -> Result<_> {
+                if w.dtype() != DType::BF16 || !w.device().is_cpu() || w.rank() != 2 {
+                    return Ok(None);
+                }
+                let w = w.contiguous()?;
+                let (n, k) = w.dims2()?;
+                let packed = with_bf16_bits(&w, |bits| blas.pack_bf16_nt(n, k, bits, old.take()))?;
+                Ok(packed.map(|p| (w.id(), Pack::Bf16(p))))
+            })
+            .collect::<Result<_>>()?;
+        Ok(Self::register(packed))
+    }
+
+    /// Packs every f32 CPU weight of `ws` for [`skinny`]'s kernel (one
+    /// weight at a time, each packed in parallel); `None` where
+    /// [`f32_rollout_packs`] does not hold. `reuse` as for
+    /// [`PackedWeights::pack`].
+    pub(crate) fn pack_f32(
+        ws: &[&Tensor],
+        reuse: Option<PackedWeights>,
+    ) -> Result<Option<PackedWeights>> {
+        if !f32_rollout_packs() {
+            return Ok(None);
+        }
+        let old = Self::reusable(reuse, ws.len());
+        let mut packed = Vec::with_capacity(ws.len());
+        for (w, old) in ws.iter().zip(old) {
+            if w.dtype() != DType::F32 || !w.device().is_cpu() || w.rank() != 2 {
+                packed.push(None);
+                continue;
+            }
+            let old = match old {
+                Some(Pack::F32(p)) => Some(p),
+                _ => None,
+            };
+            let (n, k) = w.dims2()?;
+            let c = w.contiguous()?;
+            let p = with_f32(&c, |v| PackedF32::pack(v, n, k, old))?;
+            packed.push(Some((w.id(), Pack::F32(p))));
+        }
+        Ok(Self::register(packed))
+    }
+
+    /// Unregisters `reuse`'s packs and hands back those no product still
+    /// holds, padded with `None` to `len`.
+    fn reusable(reuse: Option<PackedWeights>, len: usize) -> Vec<Option<Pack>> {
+        let mut old: Vec<Option<Pack>> = match reuse {
             Some(mut r) => {
                 let packs = std::mem::take(&mut r.packs);
                 unregister(packs.iter().map(|p| p.0));
@@ -284,22 +418,13 @@ impl PackedWeights {
             }
             None => Vec::new(),
         };
-        old.resize_with(ws.len(), || None);
-        let packed: Vec<Option<(TensorId, PackedBf16)>> = ws
-            .par_iter()
-            .zip(old.par_iter_mut())
-            .map(|(w, old)| -> Result<_> {
-                if w.dtype() != DType::BF16 || !w.device().is_cpu() || w.rank() != 2 {
-                    return Ok(None);
-                }
-                let w = w.contiguous()?;
-                let (n, k) = w.dims2()?;
-                let packed = with_bf16_bits(&w, |bits| blas.pack_bf16_nt(n, k, bits, old.take()))?;
-                Ok(packed.map(|p| (w.id(), p)))
-            })
-            .collect::<Result<_>>()?;
+        old.resize_with(len, || None);
+        old
+    }
+
+    fn register(packed: Vec<Option<(TensorId, Pack)>>) -> Option<PackedWeights> {
         if packed.iter().all(Option::is_none) {
-            return Ok(None);
+            return None;
         }
         let mut map = PACKED.lock().unwrap_or_else(|e| e.into_inner());
         let mut out = PackedWeights {
@@ -312,7 +437,7 @@ impl PackedWeights {
             map.insert(id, p.clone());
             out.packs.push((id, p));
         }
-        Ok(Some(out))
+        Some(out)
     }
 }
 
@@ -325,6 +450,18 @@ pub fn packed_rollout_bytes(shapes: &[(usize, usize)]) -> u64 {
             .map(|&(n, k)| b.packed_bf16_bytes(n, k).unwrap_or(0) as u64)
             .sum()
     })
+}
+
+/// Bytes [`PackedWeights::pack_f32`] would allocate for f32 weights of
+/// these `(n, k)` shapes (0 where [`f32_rollout_packs`] does not hold).
+pub fn packed_f32_rollout_bytes(shapes: &[(usize, usize)]) -> u64 {
+    if !f32_rollout_packs() {
+        return 0;
+    }
+    shapes
+        .iter()
+        .map(|&(n, k)| skinny::packed_bytes(n, k) as u64)
+        .sum()
 }
 
 fn unregister(ids: impl Iterator<Item = TensorId>) {

@@ -441,6 +441,43 @@ fn fused_attention_matches_composite_forward_and_backward() {
     }
 }
 
+/// f32 products with a packed weight (the decode kernel) against the
+/// unpacked product, at widths and depths off the kernel's blocks and row
+/// counts over its tiles; tracked inputs (training) keep the unpacked path;
+/// dropping the packs unregisters them.
+#[test]
+fn packed_f32_weights_match_unpacked_products() {
+    if !f32_rollout_packs() {
+        println!("SKIPPED: this CPU has no AVX-512 (or MKL on an Intel CPU keeps decode)");
+        return;
+    }
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(34);
+    for (n, k) in [(100, 64), (577, 97)] {
+        let w = randn(&mut rng, &[n, k]).as_tensor().detach();
+        for m in [1, 5, 64, 200] {
+            let x = randn(&mut rng, &[m, k]);
+            let plain = linear(&x.as_tensor().detach(), &w).unwrap();
+            let packed = PackedWeights::pack_f32(&[&w], None)
+                .unwrap()
+                .expect("f32 packs where f32_rollout_packs holds");
+            assert!(packed.bytes >= 4 * n * k && is_packed(w.id()));
+            let before = PACKED_PRODUCTS.with(|c| c.get());
+            let y = linear(&x.as_tensor().detach(), &w).unwrap();
+            let used = PACKED_PRODUCTS.with(|c| c.get()) > before;
+            assert!(used, "{m} rows: packed weight not used");
+            let d = max_diff(&y, &plain);
+            assert!(d < 1e-5 * k as f32, "{m}x{k}x{n}: packed differs by {d}");
+            // A tracked input is a training product: never the packed path.
+            let before = PACKED_PRODUCTS.with(|c| c.get());
+            let yt = linear(x.as_tensor(), &w).unwrap();
+            assert_eq!(PACKED_PRODUCTS.with(|c| c.get()), before);
+            assert!(max_diff(&yt, &plain) < 1e-5 * k as f32);
+            drop(packed);
+            assert!(!is_packed(w.id()), "dropped packs stay registered");
+        }
+    }
+}
+
 /// bf16 products with an MKL-packed weight (decode-sized batches) against
 /// the unpacked bf16 product, at widths that are not multiples of the
 /// 16-column blocks; dropping the packed copies unregisters them.

@@ -267,3 +267,62 @@ fn bf16_rollout_weights_track_the_f32_policy() {
     p.set_rollout_bf16(false).unwrap();
     assert!(behaviour_gap(&p, 3) < 1e-4);
 }
+
+/// f32 generation on a CPU where the decode kernel runs multiplies by
+/// packed copies of the weights: the sampled tokens' log-probs still match
+/// scoring, the copies are counted by the memory estimate, and an optimiser
+/// step repacks them (stale packs would generate from the old weights).
+#[test]
+fn f32_rollout_packs_track_the_policy() {
+    let p = policy(true, 22);
+    let prompts = prompts_of(&[3, 9, 1, 14], 8);
+    let gap = |p: &Policy, seed: u64| -> f64 {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let gens = p
+            .generate(&prompts, &opts(6, 1.0, 1.0, false), None, &mut rng)
+            .unwrap();
+        let got: Vec<f32> = gens.iter().flat_map(|g| g.logprobs.clone()).collect();
+        let want = rescore(p, &prompts, &gens, 1.0);
+        got.iter()
+            .zip(&want)
+            .map(|(a, b)| f64::from((a - b).abs()))
+            .fold(0.0, f64::max)
+    };
+    assert!(gap(&p, 1) < 1e-4);
+    if !crate::model::ops::f32_rollout_packs() {
+        assert!(p.rollout_packed_bytes().is_none());
+        println!("SKIPPED: no decode kernel on this CPU (AVX-512)");
+        return;
+    }
+    // Every matrix (projections, gate and up, the tied head) is packed
+    // once, padded to the kernel's blocks.
+    let matrices: usize = p
+        .named_tensors()
+        .iter()
+        .filter(|(_, t)| t.rank() == 2)
+        .map(|(_, t)| t.elem_count())
+        .sum();
+    let packed = p.rollout_packed_bytes().expect("f32 packs built");
+    assert!(
+        packed >= 4 * matrices && packed < 8 * matrices,
+        "{packed} packed bytes for {matrices} weights"
+    );
+    let packed = packed as u64;
+    let counted = crate::experiment::memory::Footprint::of(&p).rollout_copies;
+    assert!(
+        counted >= packed && counted <= 2 * packed,
+        "estimate {counted} against {packed} packed bytes"
+    );
+    let mut opt = AdamW::new(p.named_vars(), AdamWParams::without_decay()).unwrap();
+    let out = p.score(&lora_batch()).unwrap();
+    let grads = out
+        .logp
+        .mean_all()
+        .unwrap()
+        .neg()
+        .unwrap()
+        .backward()
+        .unwrap();
+    opt.step(&opt.grads_from(&grads), 0.05).unwrap();
+    assert!(gap(&p, 2) < 1e-4, "after a step the packs are stale");
+}
