@@ -59,10 +59,20 @@ fn bench_model_rows_on_a_tiny_model() {
         assert_eq!(row.train_s_runs.len(), 2);
         assert!(row.train_loss.is_finite() && row.train_loss > 0.0);
     }
-    // The report serialises, and prints one table line per batch size.
+    // The report serialises, and prints one table line per batch size
+    // (then, where generation packed its weights, their size).
     let json = serde_json::to_value(&r).unwrap();
     assert_eq!(json["rows"].as_array().unwrap().len(), 2);
-    assert_eq!(r.to_string().lines().count(), 5 + 1 + 2);
+    let text = r.to_string();
+    let packed = text
+        .lines()
+        .filter(|l| l.starts_with("packed weights for decode: "))
+        .count();
+    assert_eq!(packed, usize::from(r.rollout_packed_bytes.is_some()));
+    assert_eq!(
+        text.lines().filter(|l| !l.is_empty()).count(),
+        5 + 1 + 2 + packed
+    );
 }
 
 #[test]

@@ -127,13 +127,18 @@ pub fn matmul_backend() -> String {
     } else {
         "candle gemm (pure Rust)"
     };
-    match blas() {
+    let products = match blas() {
         Some(b) if wide_rust_gemm() => format!(
             "{}, projections of more than {RUST_GEMM_MIN_ROWS} rows on {rust}",
             b.name
         ),
         Some(b) => b.name.clone(),
         None => rust.into(),
+    };
+    if super::f32_rollout_packs() {
+        format!("{products}; f32 generation on packed weights (AVX-512 decode kernel)")
+    } else {
+        products
     }
 }
 
