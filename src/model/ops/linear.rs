@@ -71,6 +71,26 @@ pub(crate) fn f32_rollout_packs() -> bool {
     })
 }
 
+/// Product weights (elements, all together) below which f32 rollouts are
+/// not packed: such a model (64 MB of f32 or less, the built-in tiny ones)
+/// stays in the CPU's caches, where the packed layout has nothing to win,
+/// and keeps the general products.
+const PACK_MIN_ELEMS: usize = 1 << 24;
+
+fn pack_min_elems() -> usize {
+    #[cfg(test)]
+    if let Some(v) = PACK_MIN_ELEMS_OVERRIDE.with(|c| c.get()) {
+        return v;
+    }
+    PACK_MIN_ELEMS
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Tests set this to pack small models' weights on their thread.
+    pub(crate) static PACK_MIN_ELEMS_OVERRIDE: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+}
+
 /// `x @ wᵀ` on [`skinny`]'s kernel when `w` has a registered f32 pack and
 /// the product is untracked (generation: decode and prefill); `None`
 /// otherwise.
@@ -375,13 +395,19 @@ impl PackedWeights {
 
     /// Packs every f32 CPU weight of `ws` for [`skinny`]'s kernel (one
     /// weight at a time, each packed in parallel); `None` where
-    /// [`f32_rollout_packs`] does not hold. `reuse` as for
+    /// [`f32_rollout_packs`] does not hold or the weights are small
+    /// ([`PACK_MIN_ELEMS`]). `reuse` as for
     /// [`PackedWeights::pack`].
     pub(crate) fn pack_f32(
         ws: &[&Tensor],
         reuse: Option<PackedWeights>,
     ) -> Result<Option<PackedWeights>> {
-        if !f32_rollout_packs() {
+        let elems: usize = ws
+            .iter()
+            .filter(|w| w.dtype() == DType::F32 && w.rank() == 2)
+            .map(|w| w.elem_count())
+            .sum();
+        if !f32_rollout_packs() || elems < pack_min_elems() {
             return Ok(None);
         }
         let old = Self::reusable(reuse, ws.len());
@@ -455,7 +481,8 @@ pub fn packed_rollout_bytes(shapes: &[(usize, usize)]) -> u64 {
 /// Bytes [`PackedWeights::pack_f32`] would allocate for f32 weights of
 /// these `(n, k)` shapes (0 where [`f32_rollout_packs`] does not hold).
 pub fn packed_f32_rollout_bytes(shapes: &[(usize, usize)]) -> u64 {
-    if !f32_rollout_packs() {
+    let elems: usize = shapes.iter().map(|&(n, k)| n * k).sum();
+    if !f32_rollout_packs() || elems < pack_min_elems() {
         return 0;
     }
     shapes

@@ -43,7 +43,7 @@ pub(crate) use softmax::causal_softmax;
 pub(crate) use swiglu::swiglu;
 #[cfg(test)]
 pub(crate) use {
-    linear::{is_packed, PACKED_PRODUCTS},
+    linear::{is_packed, PACKED_PRODUCTS, PACK_MIN_ELEMS_OVERRIDE},
     logp::logp_entropy_composite,
     rope::rope_heads_first_composite,
     swiglu::swiglu_composite,

@@ -32,6 +32,9 @@ pub(crate) const NR: usize = 4;
 const MR: usize = 6;
 /// Lanes per vector.
 const L: usize = 16;
+/// Multiply-adds below which a product is not split further (~10 µs on
+/// one core: a rayon task costs a few).
+const TASK_MACS: usize = 1 << 20;
 /// Input rows per task: 96 rows of 1536 floats (576 KB) fit a 1 MB L2.
 /// One core of an AMD EPYC (Zen 4) ran prefill-sized products (512 and
 /// 2048 rows) at 75-100 GFLOP/s this way, where MKL reached 55-60.
@@ -122,10 +125,13 @@ impl PackedF32 {
         let mut y = vec![0f32; m * n];
         let blocks = n.div_ceil(NR);
         let row_tiles = m.div_ceil(ROWS).max(1);
-        // Enough tasks to balance the pool, each streaming a few blocks.
+        // Enough tasks to balance the pool, each streaming a few blocks
+        // and worth a task (small models' products run on one thread).
+        let worth = (m * n * self.k).div_ceil(TASK_MACS).div_ceil(row_tiles);
         let groups = (rayon::current_num_threads() * 4)
             .div_ceil(row_tiles)
             .min(blocks.div_ceil(8))
+            .min(worth)
             .max(1);
         let per = blocks.div_ceil(groups);
         let groups = blocks.div_ceil(per);

@@ -275,6 +275,18 @@ fn bf16_rollout_weights_track_the_f32_policy() {
 #[test]
 fn f32_rollout_packs_track_the_policy() {
     let p = policy(true, 22);
+    // Below the size generation packs: no packs.
+    let small = policy(true, 23);
+    let mut rng = ChaCha8Rng::seed_from_u64(0);
+    let prompt = prompts_of(&[3], 1);
+    small
+        .generate(&prompt, &opts(2, 1.0, 1.0, false), None, &mut rng)
+        .unwrap();
+    assert!(small.rollout_packed_bytes().is_none());
+    let counted = crate::experiment::memory::Footprint::of(&small).rollout_copies;
+    assert_eq!(counted, 0);
+    // Pack this tiny model's weights (on this thread).
+    crate::model::ops::PACK_MIN_ELEMS_OVERRIDE.with(|c| c.set(Some(0)));
     let prompts = prompts_of(&[3, 9, 1, 14], 8);
     let gap = |p: &Policy, seed: u64| -> f64 {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
