@@ -308,10 +308,16 @@ pub fn run(
         test_tasks: ctx.test.len(),
     });
     if ctx.policy.device().is_cpu() {
-        on_event(Event::Log(format!(
-            "CPU matmul: {}",
-            crate::model::matmul_backend()
-        )));
+        let mut line = format!("CPU matmul: {}", crate::model::matmul_backend());
+        let copies = crate::experiment::memory::Footprint::of(&ctx.policy).rollout_copies;
+        if copies > 0 && !ctx.policy.rollout_bf16() {
+            // Said here because the choice depends on the model's size.
+            line += &format!(
+                "; generation on packed f32 weights (AVX-512 decode kernel; rollout copies {:.0} MB)",
+                copies as f64 / 1048576.0
+            );
+        }
+        on_event(Event::Log(line));
     }
     for w in warnings {
         on_event(Event::Log(w));

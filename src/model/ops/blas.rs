@@ -127,18 +127,13 @@ pub fn matmul_backend() -> String {
     } else {
         "candle gemm (pure Rust)"
     };
-    let products = match blas() {
+    match blas() {
         Some(b) if wide_rust_gemm() => format!(
             "{}, projections of more than {RUST_GEMM_MIN_ROWS} rows on {rust}",
             b.name
         ),
         Some(b) => b.name.clone(),
         None => rust.into(),
-    };
-    if super::f32_rollout_packs() {
-        format!("{products}; f32 generation on packed weights (AVX-512 decode kernel)")
-    } else {
-        products
     }
 }
 
