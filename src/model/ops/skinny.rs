@@ -263,40 +263,50 @@ mod avx512 {
             _mm_prefetch::<_MM_HINT_T0>(ahead.add(64));
             _mm_prefetch::<_MM_HINT_T0>(ahead.add(128));
             _mm_prefetch::<_MM_HINT_T0>(ahead.add(192));
-            let wv = [
-                _mm512_loadu_ps(w),
-                _mm512_loadu_ps(w.add(L)),
-                _mm512_loadu_ps(w.add(2 * L)),
-                _mm512_loadu_ps(w.add(3 * L)),
-            ];
-            for (a, acc) in acc.iter_mut().enumerate() {
-                let xv = _mm512_loadu_ps(xp.add(a * k + c * L));
-                for (b, acc) in acc.iter_mut().enumerate() {
-                    *acc = _mm512_fmadd_ps(xv, wv[b], *acc);
-                }
-            }
+            chunk(&mut acc, w, xp, k, c * L, !0);
         }
         let tail = k - full * L;
         if tail > 0 {
             // The packed weight is zero-padded; only x needs a mask.
-            let mask: __mmask16 = ((1u32 << tail) - 1) as u16;
-            let w = wp.add(full * NR * L);
-            let wv = [
-                _mm512_loadu_ps(w),
-                _mm512_loadu_ps(w.add(L)),
-                _mm512_loadu_ps(w.add(2 * L)),
-                _mm512_loadu_ps(w.add(3 * L)),
-            ];
-            for (a, acc) in acc.iter_mut().enumerate() {
-                let xv = _mm512_maskz_loadu_ps(mask, xp.add(a * k + full * L));
-                for (b, acc) in acc.iter_mut().enumerate() {
-                    *acc = _mm512_fmadd_ps(xv, wv[b], *acc);
-                }
-            }
+            chunk(
+                &mut acc,
+                wp.add(full * NR * L),
+                xp,
+                k,
+                full * L,
+                ((1u32 << tail) - 1) as u16,
+            );
         }
         for (a, acc) in acc.iter().enumerate() {
             for (b, acc) in acc.iter().enumerate().take(nr) {
                 *yp.add(a * n + b) = _mm512_reduce_add_ps(*acc);
+            }
+        }
+    }
+
+    /// One 16-lane chunk of the depth: the block's [`NR`] weight rows at
+    /// `w` against the `R` input rows at column `off` (lanes outside
+    /// `mask` read as zero).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512vl")]
+    unsafe fn chunk<const R: usize>(
+        acc: &mut [[__m512; NR]; R],
+        w: *const f32,
+        xp: *const f32,
+        k: usize,
+        off: usize,
+        mask: __mmask16,
+    ) {
+        let wv = [
+            _mm512_loadu_ps(w),
+            _mm512_loadu_ps(w.add(L)),
+            _mm512_loadu_ps(w.add(2 * L)),
+            _mm512_loadu_ps(w.add(3 * L)),
+        ];
+        for (a, acc) in acc.iter_mut().enumerate() {
+            let xv = _mm512_maskz_loadu_ps(mask, xp.add(a * k + off));
+            for (b, acc) in acc.iter_mut().enumerate() {
+                *acc = _mm512_fmadd_ps(xv, wv[b], *acc);
             }
         }
     }

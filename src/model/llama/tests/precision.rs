@@ -221,18 +221,7 @@ fn bf16_rollout_weights_track_the_f32_policy() {
     }
     p.set_rollout_bf16(true).unwrap();
     let prompts = prompts_of(&[3, 9, 1, 14], 8);
-    let behaviour_gap = |p: &Policy, seed: u64| -> f64 {
-        let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        let gens = p
-            .generate(&prompts, &opts(6, 1.0, 1.0, false), None, &mut rng)
-            .unwrap();
-        let got: Vec<f32> = gens.iter().flat_map(|g| g.logprobs.clone()).collect();
-        let want = rescore(p, &prompts, &gens, 1.0);
-        got.iter()
-            .zip(&want)
-            .map(|(a, b)| f64::from((a - b).abs()))
-            .fold(0.0, f64::max)
-    };
+    let behaviour_gap = |p: &Policy, seed: u64| generation_gap(p, &prompts, seed);
     let before = behaviour_gap(&p, 1);
     assert!(
         before > 0.0,
@@ -247,17 +236,7 @@ fn bf16_rollout_weights_track_the_f32_policy() {
         "estimate {counted} against {packed} packed bytes"
     );
     // A large step: stale bf16 copies would now be far off.
-    let mut opt = AdamW::new(p.named_vars(), AdamWParams::without_decay()).unwrap();
-    let out = p.score(&lora_batch()).unwrap();
-    let grads = out
-        .logp
-        .mean_all()
-        .unwrap()
-        .neg()
-        .unwrap()
-        .backward()
-        .unwrap();
-    opt.step(&opt.grads_from(&grads), 0.05).unwrap();
+    large_step(&p);
     let after = behaviour_gap(&p, 2);
     assert!(
         after < 0.1,
@@ -288,18 +267,7 @@ fn f32_rollout_packs_track_the_policy() {
     // Pack this tiny model's weights (on this thread).
     crate::model::ops::PACK_MIN_ELEMS_OVERRIDE.with(|c| c.set(Some(0)));
     let prompts = prompts_of(&[3, 9, 1, 14], 8);
-    let gap = |p: &Policy, seed: u64| -> f64 {
-        let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        let gens = p
-            .generate(&prompts, &opts(6, 1.0, 1.0, false), None, &mut rng)
-            .unwrap();
-        let got: Vec<f32> = gens.iter().flat_map(|g| g.logprobs.clone()).collect();
-        let want = rescore(p, &prompts, &gens, 1.0);
-        got.iter()
-            .zip(&want)
-            .map(|(a, b)| f64::from((a - b).abs()))
-            .fold(0.0, f64::max)
-    };
+    let gap = |p: &Policy, seed: u64| generation_gap(p, &prompts, seed);
     assert!(gap(&p, 1) < 1e-4);
     if !crate::model::ops::f32_rollout_packs() {
         assert!(p.rollout_packed_bytes().is_none());
@@ -325,6 +293,28 @@ fn f32_rollout_packs_track_the_policy() {
         counted >= packed && counted <= 2 * packed,
         "estimate {counted} against {packed} packed bytes"
     );
+    large_step(&p);
+    assert!(gap(&p, 2) < 1e-4, "after a step the packs are stale");
+}
+
+/// The largest |log-prob at generation − log-prob scoring gives| over the
+/// tokens `p` samples from `prompts` (6 each, temperature 1).
+fn generation_gap(p: &Policy, prompts: &[Vec<u32>], seed: u64) -> f64 {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let gens = p
+        .generate(prompts, &opts(6, 1.0, 1.0, false), None, &mut rng)
+        .unwrap();
+    let got: Vec<f32> = gens.iter().flat_map(|g| g.logprobs.clone()).collect();
+    let want = rescore(p, prompts, &gens, 1.0);
+    got.iter()
+        .zip(&want)
+        .map(|(a, b)| f64::from((a - b).abs()))
+        .fold(0.0, f64::max)
+}
+
+/// One AdamW step of lr 0.05 on `p`: derived weight copies made before it
+/// are far off after it.
+fn large_step(p: &Policy) {
     let mut opt = AdamW::new(p.named_vars(), AdamWParams::without_decay()).unwrap();
     let out = p.score(&lora_batch()).unwrap();
     let grads = out
@@ -336,5 +326,4 @@ fn f32_rollout_packs_track_the_policy() {
         .backward()
         .unwrap();
     opt.step(&opt.grads_from(&grads), 0.05).unwrap();
-    assert!(gap(&p, 2) < 1e-4, "after a step the packs are stale");
 }
