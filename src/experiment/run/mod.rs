@@ -284,6 +284,20 @@ fn attach_engine(
     Ok(())
 }
 
+/// The run log's line on the CPU products: the matmul path, and whether
+/// generation packs its f32 weights (which depends on the model's size).
+fn cpu_matmul_line(policy: &crate::model::Policy) -> String {
+    let mut line = format!("CPU matmul: {}", crate::model::matmul_backend());
+    let copies = crate::experiment::memory::Footprint::of(policy).rollout_copies;
+    if copies > 0 && !policy.rollout_bf16() {
+        line += &format!(
+            "; generation on packed f32 weights (AVX-512 decode kernel; rollout copies {:.0} MB)",
+            copies as f64 / 1048576.0
+        );
+    }
+    line
+}
+
 /// Run (or resume) an experiment to its step budget.
 pub fn run(
     exp: Experiment,
@@ -308,16 +322,7 @@ pub fn run(
         test_tasks: ctx.test.len(),
     });
     if ctx.policy.device().is_cpu() {
-        let mut line = format!("CPU matmul: {}", crate::model::matmul_backend());
-        let copies = crate::experiment::memory::Footprint::of(&ctx.policy).rollout_copies;
-        if copies > 0 && !ctx.policy.rollout_bf16() {
-            // Said here because the choice depends on the model's size.
-            line += &format!(
-                "; generation on packed f32 weights (AVX-512 decode kernel; rollout copies {:.0} MB)",
-                copies as f64 / 1048576.0
-            );
-        }
-        on_event(Event::Log(line));
+        on_event(Event::Log(cpu_matmul_line(&ctx.policy)));
     }
     for w in warnings {
         on_event(Event::Log(w));

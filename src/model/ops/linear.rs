@@ -77,12 +77,13 @@ pub(crate) fn f32_rollout_packs() -> bool {
 /// and keeps the general products.
 const PACK_MIN_ELEMS: usize = 1 << 24;
 
-fn pack_min_elems() -> usize {
+/// Whether f32 rollout weights of `elems` elements in all get packed.
+fn f32_packs_for(elems: usize) -> bool {
     #[cfg(test)]
     if let Some(v) = PACK_MIN_ELEMS_OVERRIDE.with(|c| c.get()) {
-        return v;
+        return f32_rollout_packs() && elems >= v;
     }
-    PACK_MIN_ELEMS
+    f32_rollout_packs() && elems >= PACK_MIN_ELEMS
 }
 
 #[cfg(test)]
@@ -95,7 +96,9 @@ thread_local! {
 /// the product is untracked (generation: decode and prefill); `None`
 /// otherwise.
 fn packed_f32_linear(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
-    if w.dtype() != DType::F32
+    // Where nothing is ever packed, no registry lookup per product.
+    if !f32_rollout_packs()
+        || w.dtype() != DType::F32
         || x.dtype() != DType::F32
         || x.rank() != 2
         || x.track_op()
@@ -407,7 +410,7 @@ impl PackedWeights {
             .filter(|w| w.dtype() == DType::F32 && w.rank() == 2)
             .map(|w| w.elem_count())
             .sum();
-        if !f32_rollout_packs() || elems < pack_min_elems() {
+        if !f32_packs_for(elems) {
             return Ok(None);
         }
         let old = Self::reusable(reuse, ws.len());
@@ -481,8 +484,7 @@ pub fn packed_rollout_bytes(shapes: &[(usize, usize)]) -> u64 {
 /// Bytes [`PackedWeights::pack_f32`] would allocate for f32 weights of
 /// these `(n, k)` shapes (0 where [`f32_rollout_packs`] does not hold).
 pub fn packed_f32_rollout_bytes(shapes: &[(usize, usize)]) -> u64 {
-    let elems: usize = shapes.iter().map(|&(n, k)| n * k).sum();
-    if !f32_rollout_packs() || elems < pack_min_elems() {
+    if !f32_packs_for(shapes.iter().map(|&(n, k)| n * k).sum()) {
         return 0;
     }
     shapes
