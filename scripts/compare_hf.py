@@ -4,7 +4,9 @@
     python3 scripts/compare_hf.py HF.json ACTGUIDE_F32.json [ACTGUIDE_BF16.json]
 
 Ratios are actguide / HF for throughput (decode and train tokens/s: higher
-is better) and actguide / HF for prefill seconds (lower is better).
+is better) and actguide / HF for prefill seconds (lower is better). Each
+figure is the fastest of the side's timed runs (both benchmarks report it);
+the runs' spread is printed under the table.
 """
 import json
 import sys
@@ -23,7 +25,7 @@ def main():
     print(f"- actguide: {f32['implementation']}")
     if bf:
         print(f"- actguide bf16: {bf[0]['implementation']}")
-    print(f"- threads {f32['threads']}; model {f32['model']}\n")
+    print(f"- threads {f32['threads']}; fastest of {f32['repeats']} runs each, after a warm-up; model {f32['model']}\n")
     head = "| batch | decode tok/s HF | actguide f32 (×HF) |"
     sep = "|---:|---:|---:|"
     if bf:
@@ -51,6 +53,14 @@ def main():
             line += f" {c['prefill_s']:.3f} ({c['prefill_s'] / h['prefill_s']:.2f}×) |"
         line += f" {h['train_tok_s']:.1f} | {a['train_tok_s']:.1f} ({a['train_tok_s'] / h['train_tok_s']:.2f}×) |"
         print(line)
+    spread = []
+    for name, side in [("HF", hfr), ("actguide f32", f32r)] + ([("bf16 rollout", bf[1])] if bf else []):
+        worst = max(
+            (max(row[k]) / min(row[k]) for row in side.values() for k in ("prefill_s_runs", "generate_s_runs", "train_s_runs") if row.get(k)),
+            default=1.0,
+        )
+        spread.append(f"{name} {100 * (worst - 1):.0f} %")
+    print("\nlargest spread between a measurement's slowest and fastest run: " + ", ".join(spread))
     if bf:
         mm = ", ".join(f"{b}: {r['decode_logp_mismatch']:.4f}" for b, r in sorted(bf[1].items()))
         print(f"\nbf16 rollout weights, mean |Δlogp| of the decoded tokens against f32 scoring, by batch: {mm}")

@@ -76,8 +76,9 @@ pub struct BenchModelArgs {
     /// Tokens per sequence of the train step.
     #[arg(long, default_value_t = 128)]
     train_len: usize,
-    /// Timed runs per measurement, after one warm-up.
-    #[arg(long, default_value_t = 2)]
+    /// Timed runs per measurement, after one warm-up (the fastest is
+    /// reported).
+    #[arg(long, default_value_t = 3)]
     repeats: usize,
     #[arg(long, default_value_t = 0)]
     seed: u64,
