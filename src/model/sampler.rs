@@ -17,37 +17,93 @@ pub(crate) struct Sampler {
     pub(crate) eos: u32,
 }
 
+/// Everything a pick computes from one row of logits before it draws:
+/// [`Sampler::prepare`] builds it (on any thread), [`Sampler::draw`] takes
+/// the one RNG draw, so the rows of a step can be prepared in parallel and
+/// drawn in order with the same results as picking them one by one.
+pub(crate) struct Prepared {
+    /// The arg-max of the candidates (the greedy choice).
+    best: u32,
+    /// The nucleus: candidates and their unnormalised probabilities, in
+    /// draw order (empty when greedy).
+    probs: Vec<(u32, f64)>,
+    /// The row's maximum and the log of `Σ exp((x − max) / T)` over the
+    /// full vocabulary.
+    max: f64,
+    lse: f64,
+}
+
 impl Sampler {
-    /// Returns the chosen token and its unconstrained behaviour log-prob.
+    /// Returns the chosen token and its unconstrained behaviour log-prob
+    /// (generation prepares and draws its rows apart).
+    #[cfg(test)]
     pub(crate) fn pick(
         &self,
         logits: &[f32],
         allowed: Option<&[u32]>,
         rng: &mut ChaCha8Rng,
     ) -> (u32, f32) {
+        let prepared = self.prepare(logits, allowed);
+        self.draw(logits, &prepared, rng)
+    }
+
+    /// The RNG-free part of [`Sampler::pick`].
+    pub(crate) fn prepare(&self, logits: &[f32], allowed: Option<&[u32]>) -> Prepared {
         let inv_t = 1.0 / self.temperature;
-        let tok = match allowed {
-            Some(a) => self.choose(logits, a.iter().copied(), inv_t, rng),
-            None => self.choose(logits, 0..logits.len() as u32, inv_t, rng),
+        let (best, probs, total) = match allowed {
+            Some(a) => self.nucleus(logits, a.iter().copied(), inv_t),
+            None => self.nucleus(logits, 0..logits.len() as u32, inv_t),
         };
         // Full-vocabulary log-softmax at the temperature, in f64.
         let max = logits.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)) as f64;
-        let lse: f64 = logits
-            .iter()
-            .map(|&x| ((x as f64 - max) * inv_t).exp())
-            .sum::<f64>()
-            .ln();
-        let lp = (logits[tok as usize] as f64 - max) * inv_t - lse;
+        let lse = match total {
+            // The nucleus summed the same terms in the same order.
+            Some((m, total)) if allowed.is_none() && m == max => total.ln(),
+            _ => logits
+                .iter()
+                .map(|&x| ((x as f64 - max) * inv_t).exp())
+                .sum::<f64>()
+                .ln(),
+        };
+        Prepared {
+            best,
+            probs,
+            max,
+            lse,
+        }
+    }
+
+    /// The draw of [`Sampler::pick`] from a row `prepare`d from `logits`.
+    pub(crate) fn draw(&self, logits: &[f32], p: &Prepared, rng: &mut ChaCha8Rng) -> (u32, f32) {
+        let tok = if self.greedy || p.probs.is_empty() {
+            p.best
+        } else {
+            let mass: f64 = p.probs.iter().map(|p| p.1).sum();
+            let u = rng.random::<f64>() * mass;
+            let mut cum = 0.0;
+            let mut tok = p.probs[p.probs.len() - 1].0;
+            for q in &p.probs {
+                cum += q.1;
+                if u < cum {
+                    tok = q.0;
+                    break;
+                }
+            }
+            tok
+        };
+        let lp = (logits[tok as usize] as f64 - p.max) * (1.0 / self.temperature) - p.lse;
         (tok, lp as f32)
     }
 
-    fn choose(
+    /// The arg-max of `cands` and, unless greedy, the nucleus to draw from
+    /// with the arg-max's logit and the sum of every candidate's weight.
+    #[allow(clippy::type_complexity)]
+    fn nucleus(
         &self,
         logits: &[f32],
         cands: impl Iterator<Item = u32> + Clone,
         inv_t: f64,
-        rng: &mut ChaCha8Rng,
-    ) -> u32 {
+    ) -> (u32, Vec<(u32, f64)>, Option<(f64, f64)>) {
         // Arg-max, ties to the lowest id (also the top-p order below).
         let best = cands
             .clone()
@@ -64,7 +120,7 @@ impl Sampler {
             })
             .unwrap_or(self.eos);
         if self.greedy {
-            return best;
+            return (best, Vec::new(), None);
         }
         let m = logits[best as usize] as f64;
         let mut probs: Vec<(u32, f64)> = cands
@@ -91,17 +147,8 @@ impl Sampler {
                 }
             }
         }
-        let probs = &probs[..kept.max(1)];
-        let mass: f64 = probs.iter().map(|p| p.1).sum();
-        let u = rng.random::<f64>() * mass;
-        let mut cum = 0.0;
-        for p in probs {
-            cum += p.1;
-            if u < cum {
-                return p.0;
-            }
-        }
-        probs[probs.len() - 1].0
+        probs.truncate(kept.max(1));
+        (best, probs, Some((m, total)))
     }
 }
 

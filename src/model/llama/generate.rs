@@ -4,6 +4,7 @@
 
 use candle_core::Tensor;
 use rand_chacha::ChaCha8Rng;
+use rayon::prelude::*;
 
 use std::cell::OnceCell;
 
@@ -11,7 +12,7 @@ use super::block::AttnMask;
 use super::cache::{self, LayerCache};
 use super::{Policy, Weights};
 use crate::model::error::{ModelError, Result};
-use crate::model::sampler::Sampler;
+use crate::model::sampler::{Prepared, Sampler};
 use crate::model::trie::TokenTrie;
 
 /// Sampling settings for [`Policy::generate`].
@@ -323,17 +324,27 @@ fn sample_step(
     rng: &mut ChaCha8Rng,
 ) -> Result<Vec<usize>> {
     let rows: Vec<Vec<f32>> = logits.to_vec2()?;
+    // The exps over the vocabulary are most of a pick: rows are prepared
+    // in parallel, then drawn in order from the one RNG (the same tokens
+    // as picking them one by one).
+    let prepared: Vec<Prepared> = active
+        .par_iter()
+        .enumerate()
+        .map(|(row, &i)| {
+            let allowed: Option<Vec<u32>> = constraints.map(|tries| {
+                let mut a = tries[i].allowed(&out[i].tokens);
+                if a.is_empty() {
+                    // Empty trie: nothing but eos is admissible.
+                    a.push(sampler.eos);
+                }
+                a
+            });
+            sampler.prepare(&rows[row], allowed.as_deref())
+        })
+        .collect();
     let mut keep = Vec::with_capacity(active.len());
-    for (row, &i) in active.iter().enumerate() {
-        let allowed: Option<Vec<u32>> = constraints.map(|tries| {
-            let mut a = tries[i].allowed(&out[i].tokens);
-            if a.is_empty() {
-                // Empty trie: nothing but eos is admissible.
-                a.push(sampler.eos);
-            }
-            a
-        });
-        let (tok, lp) = sampler.pick(&rows[row], allowed.as_deref(), rng);
+    for (row, (&i, p)) in active.iter().zip(&prepared).enumerate() {
+        let (tok, lp) = sampler.draw(&rows[row], p, rng);
         out[i].tokens.push(tok);
         out[i].logprobs.push(lp);
         if tok == sampler.eos {
