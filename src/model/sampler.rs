@@ -27,6 +27,8 @@ pub(crate) struct Prepared {
     /// The nucleus: candidates and their unnormalised probabilities, in
     /// draw order (empty when greedy).
     probs: Vec<(u32, f64)>,
+    /// The nucleus's total weight (summed here, off the sequential draw).
+    mass: f64,
     /// The row's maximum and the log of `Σ exp((x − max) / T)` over the
     /// full vocabulary.
     max: f64,
@@ -65,9 +67,11 @@ impl Sampler {
                 .sum::<f64>()
                 .ln(),
         };
+        let mass: f64 = probs.iter().map(|p| p.1).sum();
         Prepared {
             best,
             probs,
+            mass,
             max,
             lse,
         }
@@ -78,8 +82,7 @@ impl Sampler {
         let tok = if self.greedy || p.probs.is_empty() {
             p.best
         } else {
-            let mass: f64 = p.probs.iter().map(|p| p.1).sum();
-            let u = rng.random::<f64>() * mass;
+            let u = rng.random::<f64>() * p.mass;
             let mut cum = 0.0;
             let mut tok = p.probs[p.probs.len() - 1].0;
             for q in &p.probs {
