@@ -35,6 +35,25 @@ pub(crate) struct Prepared {
     lse: f64,
 }
 
+/// What [`Sampler::nucleus`] finds among the candidates.
+struct Nucleus {
+    best: u32,
+    /// As [`Prepared::probs`].
+    probs: Vec<(u32, f64)>,
+    /// `None` when greedy.
+    weights: Option<Weights>,
+}
+
+/// The nucleus's weights, relative to the arg-max's logit `max`.
+#[derive(Clone, Copy)]
+struct Weights {
+    max: f64,
+    /// Every candidate's weight, summed in candidate order.
+    total: f64,
+    /// The nucleus's weight (what the draw scales its uniform by).
+    mass: f64,
+}
+
 impl Sampler {
     /// Returns the chosen token and its unconstrained behaviour log-prob
     /// (generation prepares and draws its rows apart).
@@ -52,26 +71,25 @@ impl Sampler {
     /// The RNG-free part of [`Sampler::pick`].
     pub(crate) fn prepare(&self, logits: &[f32], allowed: Option<&[u32]>) -> Prepared {
         let inv_t = 1.0 / self.temperature;
-        let (best, probs, total) = match allowed {
+        let n = match allowed {
             Some(a) => self.nucleus(logits, a.iter().copied(), inv_t),
             None => self.nucleus(logits, 0..logits.len() as u32, inv_t),
         };
         // Full-vocabulary log-softmax at the temperature, in f64.
         let max = logits.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)) as f64;
-        let lse = match total {
+        let lse = match n.weights {
             // The nucleus summed the same terms in the same order.
-            Some((m, total)) if allowed.is_none() && m == max => total.ln(),
+            Some(w) if allowed.is_none() && w.max == max => w.total.ln(),
             _ => logits
                 .iter()
                 .map(|&x| ((x as f64 - max) * inv_t).exp())
                 .sum::<f64>()
                 .ln(),
         };
-        let mass: f64 = probs.iter().map(|p| p.1).sum();
         Prepared {
-            best,
-            probs,
-            mass,
+            best: n.best,
+            mass: n.weights.map_or(0.0, |w| w.mass),
+            probs: n.probs,
             max,
             lse,
         }
@@ -99,14 +117,13 @@ impl Sampler {
     }
 
     /// The arg-max of `cands` and, unless greedy, the nucleus to draw from
-    /// with the arg-max's logit and the sum of every candidate's weight.
-    #[allow(clippy::type_complexity)]
+    /// with its weights.
     fn nucleus(
         &self,
         logits: &[f32],
         cands: impl Iterator<Item = u32> + Clone,
         inv_t: f64,
-    ) -> (u32, Vec<(u32, f64)>, Option<(f64, f64)>) {
+    ) -> Nucleus {
         // Arg-max, ties to the lowest id (also the top-p order below).
         let best = cands
             .clone()
@@ -123,7 +140,11 @@ impl Sampler {
             })
             .unwrap_or(self.eos);
         if self.greedy {
-            return (best, Vec::new(), None);
+            return Nucleus {
+                best,
+                probs: Vec::new(),
+                weights: None,
+            };
         }
         let m = logits[best as usize] as f64;
         let mut probs: Vec<(u32, f64)> = cands
@@ -151,7 +172,22 @@ impl Sampler {
             }
         }
         probs.truncate(kept.max(1));
-        (best, probs, Some((m, total)))
+        // With top_p >= 1 the nucleus is every candidate in order, so its
+        // mass is `total` bit for bit; otherwise it is summed in draw order.
+        let mass = if self.top_p < 1.0 {
+            probs.iter().map(|p| p.1).sum()
+        } else {
+            total
+        };
+        Nucleus {
+            best,
+            probs,
+            weights: Some(Weights {
+                max: m,
+                total,
+                mass,
+            }),
+        }
     }
 }
 
