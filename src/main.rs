@@ -143,3 +143,138 @@ fn dispatch(cmd: Cmd) -> Result<()> {
         Cmd::BenchRollouts(a) => cli::engine::bench_rollouts(a),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Cli;
+    use clap::{CommandFactory, Parser};
+    use std::any::TypeId;
+
+    /// Every numeric flag of every command, with a value outside its
+    /// range (`None`: every value of its type means something).
+    const NUMERIC_FLAGS: &[(&str, &str, Option<&str>)] = &[
+        ("run", "stop-after", Some("0")),
+        ("run", "memory-gb", Some("0")),
+        ("run", "jobs", Some("0")),
+        ("sft", "stop-after", Some("0")),
+        ("simulate", "steps", Some("0")),
+        ("simulate", "tasks", Some("0")),
+        ("simulate", "group", Some("0")),
+        ("simulate", "clusters", Some("0")),
+        ("simulate", "max-rounds", None),
+        ("simulate", "seed", None),
+        ("simulate", "horizon", Some("inf")),
+        ("simulate", "sharpness", Some("0")),
+        ("simulate", "plan-gain", Some("1.5")),
+        ("simulate", "learn-rate", Some("-1")),
+        ("simulate", "drift", Some("NaN")),
+        ("tasks select", "min-expert", None),
+        ("tasks select", "max-expert", None),
+        ("tasks select", "first", Some("0")),
+        ("tasks generate", "seed", None),
+        ("tasks generate", "train", Some("0")),
+        ("tasks generate", "test", Some("0")),
+        ("tasks stats", "rollouts", Some("0")),
+        ("tasks stats", "max-steps", Some("0")),
+        ("tasks stats", "seed", None),
+        ("tasks from-server", "timeout-s", Some("0")),
+        ("tasks from-server", "retries", Some("1000")),
+        ("eval", "samples", Some("0")),
+        ("eval", "max-tasks", None),
+        ("eval", "seed", None),
+        ("probe", "per-cluster", Some("0")),
+        ("probe", "k", Some("0")),
+        ("probe", "seed", None),
+        ("export", "max-shard-mb", Some("0")),
+        ("serve-env", "port", None),
+        ("serve-env", "max-steps", Some("0")),
+        ("serve-env", "die-after-steps", None),
+        ("serve-env", "malformed-after-steps", None),
+        ("serve-env", "fault-every", Some("0")),
+        ("bench-model", "batches", Some("0")),
+        ("bench-model", "prompt-len", Some("0")),
+        ("bench-model", "new-tokens", Some("0")),
+        ("bench-model", "train-len", Some("1")),
+        ("bench-model", "repeats", Some("0")),
+        ("bench-model", "seed", None),
+        ("bench-model", "lora-rank", Some("0")),
+        ("bench", "tasks", Some("0")),
+        ("bench", "group", Some("0")),
+        ("bench", "steps", Some("0")),
+        ("bench", "max-steps", Some("0")),
+        ("bench", "seed", None),
+        ("bench-rollouts", "rounds", Some("0")),
+        ("bench-rollouts", "servers", Some("0")),
+        ("bench-rollouts", "threads", Some("0")),
+        ("dp-worker", "rank", None),
+        ("dp-worker", "world", Some("1")),
+    ];
+
+    fn numeric(arg: &clap::Arg) -> bool {
+        let t = arg.get_value_parser().type_id();
+        [
+            TypeId::of::<usize>(),
+            TypeId::of::<u64>(),
+            TypeId::of::<u32>(),
+            TypeId::of::<u16>(),
+            TypeId::of::<i64>(),
+            TypeId::of::<f64>(),
+        ]
+        .iter()
+        .any(|id| t == *id)
+    }
+
+    /// (command path, flag) of every numeric flag.
+    fn walk(cmd: &clap::Command, path: &str, out: &mut Vec<(String, String)>) {
+        for arg in cmd.get_arguments() {
+            if let Some(long) = arg.get_long() {
+                if numeric(arg) {
+                    out.push((path.to_string(), long.to_string()));
+                }
+            }
+        }
+        for sub in cmd.get_subcommands() {
+            let p = if path.is_empty() {
+                sub.get_name().to_string()
+            } else {
+                format!("{path} {}", sub.get_name())
+            };
+            walk(sub, &p, out);
+        }
+    }
+
+    #[test]
+    fn every_numeric_flag_has_a_range_that_clap_enforces() {
+        let cmd = Cli::command();
+        let mut found = Vec::new();
+        walk(&cmd, "", &mut found);
+        let listed: Vec<(String, String)> = NUMERIC_FLAGS
+            .iter()
+            .map(|(c, f, _)| (c.to_string(), f.to_string()))
+            .collect();
+        let missing: Vec<_> = found.iter().filter(|f| !listed.contains(f)).collect();
+        assert!(
+            missing.is_empty(),
+            "numeric flags without a row: {missing:?}"
+        );
+        let stale: Vec<_> = listed.iter().filter(|f| !found.contains(f)).collect();
+        assert!(stale.is_empty(), "rows of no flag: {stale:?}");
+        for (path, flag, bad) in NUMERIC_FLAGS {
+            let Some(bad) = bad else { continue };
+            // Values are checked as they are parsed, before any missing
+            // required argument is noticed.
+            let mut argv = vec!["actguide".to_string()];
+            argv.extend(path.split(' ').map(str::to_string));
+            argv.push(format!("--{flag}={bad}"));
+            let e = match Cli::try_parse_from(&argv) {
+                Ok(_) => panic!("{argv:?} was accepted"),
+                Err(e) => e,
+            };
+            assert_eq!(
+                e.kind(),
+                clap::error::ErrorKind::ValueValidation,
+                "{argv:?}: {e}"
+            );
+        }
+    }
+}

@@ -56,7 +56,12 @@ fn run(
             .map(|l| serde_json::from_str(l).unwrap())
             .collect()
     };
-    (read("metrics.jsonl"), read("env_errors.jsonl"), logs)
+    // The training episodes' failures (evaluations' carry an `eval` key).
+    let train_errors = read("env_errors.jsonl")
+        .into_iter()
+        .filter(|e| e.get("eval").is_none())
+        .collect();
+    (read("metrics.jsonl"), train_errors, logs)
 }
 
 /// The first 16 household tasks; `wrap` turns each into the panel's task.

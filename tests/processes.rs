@@ -129,7 +129,9 @@ fn sigint_ends_the_step_and_writes_a_checkpoint_and_a_live_run_refuses_a_resume(
     let out = child.wait_with_output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
+    // Stopped early with its checkpoint: 130, as for any interrupted
+    // command, not the 0 of a finished run.
+    assert_eq!(out.status.code(), Some(130), "{stderr}");
     assert!(
         stderr.contains("interrupted: stopped after step"),
         "{stderr}"

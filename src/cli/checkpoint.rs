@@ -22,7 +22,7 @@ pub struct EvalArgs {
     #[arg(long, default_value = "test")]
     panel: String,
     /// Sampled rollouts per task (pass@k up to this k).
-    #[arg(long, default_value_t = 8)]
+    #[arg(value_parser = super::ranges::at_least(1), long, default_value_t = 8)]
     samples: usize,
     /// Evaluate the first N tasks only (0 = all).
     #[arg(long, default_value_t = 0)]
@@ -53,6 +53,17 @@ pub fn eval(a: EvalArgs) -> Result<()> {
     } else {
         print!("{}", eval_table(&v));
     }
+    // A broken env must not read as a bad policy: the numbers leave the
+    // lost episodes out, and the exit code says the panel was not fully
+    // evaluated.
+    let lost = v["env_errors"].as_u64().unwrap_or(0);
+    if lost > 0 {
+        anyhow::bail!(
+            "{lost} evaluation episode(s) were lost to env failures and left out of the rates \
+             above (e.g. {}); the panel was not fully evaluated",
+            v["env_error_examples"][0]
+        );
+    }
     Ok(())
 }
 
@@ -68,10 +79,10 @@ pub struct ProbeArgs {
     /// tasks of each difficulty cluster).
     #[arg(long, value_delimiter = ',')]
     tasks: Vec<String>,
-    #[arg(long, default_value_t = 2)]
+    #[arg(value_parser = super::ranges::at_least(1), long, default_value_t = 2)]
     per_cluster: usize,
     /// Unguided continuations per state (K of Pass@K).
-    #[arg(long, default_value_t = 32)]
+    #[arg(value_parser = super::ranges::at_least(1), long, default_value_t = 32)]
     k: usize,
     /// Probe the run's initial policy instead of its checkpoint.
     #[arg(long)]
@@ -129,7 +140,7 @@ pub struct ExportArgs {
     #[arg(long)]
     adapter_only: bool,
     /// Shard weights into files of at most this many MB.
-    #[arg(long)]
+    #[arg(value_parser = super::ranges::at_least(1), long)]
     max_shard_mb: Option<usize>,
     /// Device (cpu, cuda, cuda:N); default: the run's model.device.
     #[arg(long)]

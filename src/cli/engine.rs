@@ -29,14 +29,14 @@ pub struct BenchRolloutsArgs {
     /// `rollout.engine` are measured.
     experiment: std::path::PathBuf,
     /// Rollout rounds per setting.
-    #[arg(long, default_value_t = 2)]
+    #[arg(value_parser = super::ranges::at_least(1), long, default_value_t = 2)]
     rounds: usize,
     /// Server counts to measure launched engines with (default: the
     /// experiment's).
-    #[arg(long, value_delimiter = ',')]
+    #[arg(value_parser = super::ranges::at_least(1), long, value_delimiter = ',')]
     servers: Vec<usize>,
     /// Threads per launched server (default: the experiment's).
-    #[arg(long)]
+    #[arg(value_parser = super::ranges::at_least(1), long)]
     threads: Option<usize>,
     /// Where server logs and weight files go.
     #[arg(long, default_value = "runs/bench-rollouts")]

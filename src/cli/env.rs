@@ -21,7 +21,7 @@ pub struct ServeEnvArgs {
     /// HTTP port (0: any free port; the URL is printed first).
     #[arg(long, default_value_t = 0)]
     port: u16,
-    #[arg(long, default_value_t = 50)]
+    #[arg(value_parser = super::ranges::at_least(1), long, default_value_t = 50)]
     max_steps: usize,
     /// Fault injection: exit when asked for step N+1.
     #[arg(long)]
@@ -30,7 +30,7 @@ pub struct ServeEnvArgs {
     #[arg(long)]
     malformed_after_steps: Option<usize>,
     /// Faults only for tasks whose id number is divisible by this.
-    #[arg(long, default_value_t = 1)]
+    #[arg(value_parser = super::ranges::at_least(1), long, default_value_t = 1)]
     fault_every: usize,
     /// http: answer `GET /expert?id=` for this panel's tasks.
     #[arg(long)]

@@ -9,6 +9,7 @@ pub mod engine;
 pub mod env;
 pub mod model;
 pub mod print;
+pub mod ranges;
 pub mod report;
 pub mod run;
 pub mod script;

@@ -65,26 +65,26 @@ pub struct BenchModelArgs {
     /// A .gguf file or a HF model folder.
     model: PathBuf,
     /// Comma-separated batch sizes.
-    #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
+    #[arg(value_parser = super::ranges::at_least(1), long, value_delimiter = ',', default_value = "1,8,32")]
     batches: Vec<usize>,
     /// Prompt tokens before decoding.
-    #[arg(long, default_value_t = 64)]
+    #[arg(value_parser = super::ranges::at_least(1), long, default_value_t = 64)]
     prompt_len: usize,
     /// New tokens per sequence (every sequence decodes exactly this many).
-    #[arg(long, default_value_t = 32)]
+    #[arg(value_parser = super::ranges::at_least(1), long, default_value_t = 32)]
     new_tokens: usize,
     /// Tokens per sequence of the train step.
-    #[arg(long, default_value_t = 128)]
+    #[arg(value_parser = super::ranges::at_least(2), long, default_value_t = 128)]
     train_len: usize,
     /// Timed runs per measurement, after one warm-up (the fastest is
     /// reported).
-    #[arg(long, default_value_t = 3)]
+    #[arg(value_parser = super::ranges::at_least(1), long, default_value_t = 3)]
     repeats: usize,
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Train LoRA adapters of this rank (alpha = 2 rank, every
     /// projection) instead of every weight.
-    #[arg(long)]
+    #[arg(value_parser = super::ranges::at_least(1), long)]
     lora_rank: Option<usize>,
     /// Device: cpu, cuda or cuda:N.
     #[arg(long, default_value = "cpu")]
@@ -131,15 +131,15 @@ pub struct BenchArgs {
     #[arg(long, default_value = "envs/household/train.jsonl")]
     panel: PathBuf,
     /// Tasks per step.
-    #[arg(long, default_value_t = 8)]
+    #[arg(value_parser = super::ranges::at_least(1), long, default_value_t = 8)]
     tasks: usize,
     /// Rollouts per task.
-    #[arg(long, default_value_t = 8)]
+    #[arg(value_parser = super::ranges::at_least(1), long, default_value_t = 8)]
     group: usize,
-    #[arg(long, default_value_t = 3)]
+    #[arg(value_parser = super::ranges::at_least(1), long, default_value_t = 3)]
     steps: usize,
     /// Episode step limit.
-    #[arg(long, default_value_t = 20)]
+    #[arg(value_parser = super::ranges::at_least(1), long, default_value_t = 20)]
     max_steps: usize,
     #[arg(long, default_value_t = 0)]
     seed: u64,

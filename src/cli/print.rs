@@ -202,12 +202,19 @@ impl StepFigures {
 
 /// The line of an evaluation during the run (reads its result's fields).
 fn eval_line(step: usize, result: &EvalLine) -> String {
-    format!(
-        "eval @ step {step}: {} success {:.3} (by cluster {})",
-        result.panel.as_deref().unwrap_or("test"),
-        result.result.success.unwrap_or(0.0),
+    let panel = result.panel.as_deref().unwrap_or("test");
+    let mut line = format!(
+        "eval @ step {step}: {panel} success {} (by cluster {})",
+        rate(result.result.success),
         serde_json::json!(result.result.success_by_cluster)
-    )
+    );
+    // Episodes the env failed are not the policy's failures: say so loudly.
+    if let Some(n) = result.env_errors.filter(|&n| n > 0) {
+        line += &format!(
+            "; WARNING: {n} episode(s) lost to env failures, left out of the rate              (env_errors.jsonl, \"eval\": \"{panel}\")"
+        );
+    }
+    line
 }
 
 /// A success rate with 3 decimals, `-` when not measured.

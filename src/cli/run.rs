@@ -21,7 +21,7 @@ pub struct RunArgs {
     #[arg(long)]
     resume: Option<PathBuf>,
     /// Stop after this many steps (the run can be resumed later).
-    #[arg(long)]
+    #[arg(value_parser = super::ranges::at_least(1), long)]
     stop_after: Option<usize>,
     /// Plain log lines even on a terminal.
     #[arg(long)]
@@ -29,7 +29,7 @@ pub struct RunArgs {
     /// Memory (GiB) the run may plan for, instead of what the machine
     /// reports free; a configuration whose estimated peak exceeds 85 % of
     /// it is refused before it starts.
-    #[arg(long)]
+    #[arg(value_parser = super::ranges::positive, long)]
     memory_gb: Option<f64>,
     /// Comparisons: run this many entries at once, the cores shared
     /// equally between them (same numbers as one at a time; lines are
@@ -41,6 +41,14 @@ pub struct RunArgs {
     /// rank 0 and owns the run directory (docs/DISTRIBUTED.md).
     #[arg(long, value_delimiter = ',')]
     devices: Vec<DeviceSpec>,
+    /// With --resume: take a checkpoint that has no SHA256SUMS as it is.
+    #[arg(long, requires = "resume")]
+    accept_unverified: bool,
+    /// With --resume: continue although the run's experiment.json differs
+    /// from the settings the checkpoint was trained under (recorded in
+    /// resumes.jsonl).
+    #[arg(long, requires = "resume")]
+    accept_changed_config: bool,
 }
 
 // Flags of `actguide dp-worker` (started by rank 0, not by hand).
@@ -48,7 +56,7 @@ pub struct RunArgs {
 pub struct WorkerArgs {
     #[arg(long)]
     rank: usize,
-    #[arg(long)]
+    #[arg(value_parser = super::ranges::at_least(2), long)]
     world: usize,
     /// Rank 0's address.
     #[arg(long)]
@@ -89,19 +97,37 @@ pub fn run(args: RunArgs) -> Result<()> {
         memory_gb,
         jobs,
         devices,
+        accept_unverified,
+        accept_changed_config,
     } = args;
+    let stepping = Arc::new(AtomicBool::new(false));
     let opts = RunOptions {
         resume: resume.clone(),
         stop_after,
-        interrupt: Some(interrupt_on_signals()?),
+        interrupt: Some(interrupt_on_signals(stepping.clone())?),
+        stepping: Some(stepping),
         memory_limit: memory_gb.map(|g| (g * (1u64 << 30) as f64) as u64),
         devices,
         worker_program: None,
+        accept_unverified,
+        accept_changed_config,
     };
     let exp = match (&experiment, &resume) {
         (Some(p), None) => match ExperimentFile::load(p)? {
             ExperimentFile::Single(e) => *e,
-            ExperimentFile::Compare(c) => return compare(&c, &opts, jobs.into(), plain),
+            ExperimentFile::Compare(c) => {
+                // Entries start and end at different times (several at
+                // once with --jobs): an interrupt always lets the steps in
+                // progress finish with their checkpoints.
+                if let Some(s) = &opts.stepping {
+                    s.store(true, Ordering::SeqCst);
+                }
+                let opts = RunOptions {
+                    stepping: None,
+                    ..opts.clone()
+                };
+                return compare(&c, &opts, jobs.into(), plain);
+            }
         },
         (None, Some(d)) => resolved_config(d)?,
         (Some(_), Some(_)) => bail!("give either an experiment file or --resume RUN_DIR, not both"),
@@ -113,18 +139,34 @@ pub fn run(args: RunArgs) -> Result<()> {
     let summary = experiment::run(exp, &opts, &mut |ev| printer.print(ev))?;
     printer.finish();
     print_summary(&summary);
+    if summary.interrupted {
+        // Stopped early with a checkpoint: not a finished run.
+        std::process::exit(INTERRUPTED);
+    }
     Ok(())
 }
 
+/// The exit code of a run stopped by SIGINT / SIGTERM (128 + SIGINT, as
+/// shells report it).
+const INTERRUPTED: i32 = 130;
+
 /// A flag SIGINT / SIGTERM raise: the run ends its step, writes a
-/// checkpoint and stops. A second signal ends the process at once.
-fn interrupt_on_signals() -> Result<Arc<AtomicBool>> {
+/// checkpoint and stops. Before the first step (`stepping` not yet
+/// raised: loading, set-up) there is nothing to checkpoint, so the process
+/// stops at once; so does a second signal.
+fn interrupt_on_signals(stepping: Arc<AtomicBool>) -> Result<Arc<AtomicBool>> {
     let flag = Arc::new(AtomicBool::new(false));
     let seen = flag.clone();
     ctrlc::set_handler(move || {
+        if !stepping.load(Ordering::SeqCst) {
+            eprintln!(
+                "interrupt: stopping now (the run had not started a step: nothing to checkpoint)"
+            );
+            std::process::exit(INTERRUPTED);
+        }
         if seen.swap(true, Ordering::SeqCst) {
             eprintln!("second interrupt: stopping now, without a checkpoint");
-            std::process::exit(130);
+            std::process::exit(INTERRUPTED);
         }
         eprintln!(
             "interrupt: finishing the current step, then writing a checkpoint (again to stop now)"
@@ -163,5 +205,8 @@ fn compare(c: &Comparison, opts: &RunOptions, jobs: usize, plain: bool) -> Resul
         jobs
     );
     print_comparison(&out);
+    if out.runs.iter().any(|r| r.interrupted) {
+        std::process::exit(INTERRUPTED);
+    }
     Ok(())
 }

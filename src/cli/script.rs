@@ -29,13 +29,13 @@ pub struct SimulateArgs {
     script: PathBuf,
     #[arg(long, default_value = "envs/household/train.jsonl")]
     panel: PathBuf,
-    #[arg(long, default_value_t = 30)]
+    #[arg(value_parser = super::ranges::at_least(1), long, default_value_t = 30)]
     steps: usize,
-    #[arg(long, default_value_t = 8)]
+    #[arg(value_parser = super::ranges::at_least(1), long, default_value_t = 8)]
     tasks: usize,
-    #[arg(long, default_value_t = 8)]
+    #[arg(value_parser = super::ranges::at_least(1), long, default_value_t = 8)]
     group: usize,
-    #[arg(long, default_value_t = 3)]
+    #[arg(value_parser = super::ranges::at_least(1), long, default_value_t = 3)]
     clusters: usize,
     /// Bound on review rounds per task and step.
     #[arg(long, default_value_t = 8)]
@@ -43,19 +43,19 @@ pub struct SimulateArgs {
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Learner: initial horizon (actions it chains on its own).
-    #[arg(long, default_value_t = 1.5)]
+    #[arg(value_parser = super::ranges::finite, long, default_value_t = 1.5)]
     horizon: f64,
     /// Learner: slope of success in (horizon - actions to play).
-    #[arg(long, default_value_t = 1.5)]
+    #[arg(value_parser = super::ranges::positive, long, default_value_t = 1.5)]
     sharpness: f64,
     /// Learner: fraction of an action a shown plan action takes off.
-    #[arg(long, default_value_t = 0.8)]
+    #[arg(value_parser = super::ranges::fraction, long, default_value_t = 0.8)]
     plan_gain: f64,
     /// Learner: horizon gained per step at full GRPO signal.
-    #[arg(long, default_value_t = 0.3)]
+    #[arg(value_parser = super::ranges::non_negative, long, default_value_t = 0.3)]
     learn_rate: f64,
     /// Learner: horizon gained per step regardless of signal.
-    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    #[arg(value_parser = super::ranges::finite, long, default_value_t = 0.0, allow_negative_numbers = true)]
     drift: f64,
     /// Print JSON.
     #[arg(long)]

@@ -19,7 +19,7 @@ pub struct SftArgs {
     #[arg(long)]
     resume: Option<PathBuf>,
     /// Stop after this many steps (the run can be resumed later).
-    #[arg(long)]
+    #[arg(value_parser = super::ranges::at_least(1), long)]
     stop_after: Option<usize>,
     /// Plain log lines even on a terminal.
     #[arg(long)]

@@ -56,7 +56,7 @@ struct SelectArgs {
     #[arg(long, value_delimiter = ',')]
     types: Vec<String>,
     /// Then only the first N (file order).
-    #[arg(long)]
+    #[arg(value_parser = super::ranges::at_least(1), long)]
     first: Option<usize>,
 }
 
@@ -91,9 +91,9 @@ struct GenerateArgs {
     env: actguide::env::BuiltinEnv,
     #[arg(long, default_value_t = 2026)]
     seed: u64,
-    #[arg(long, default_value_t = 256)]
+    #[arg(value_parser = super::ranges::at_least(1), long, default_value_t = 256)]
     train: usize,
-    #[arg(long, default_value_t = 64)]
+    #[arg(value_parser = super::ranges::at_least(1), long, default_value_t = 64)]
     test: usize,
     /// Output folder (default: envs/<env>).
     #[arg(long)]
@@ -134,9 +134,9 @@ struct StatsArgs {
     /// after `--`.
     #[arg(last = true)]
     command: Vec<String>,
-    #[arg(long, default_value_t = 16)]
+    #[arg(value_parser = super::ranges::at_least(1), long, default_value_t = 16)]
     rollouts: usize,
-    #[arg(long, default_value_t = 20)]
+    #[arg(value_parser = super::ranges::at_least(1), long, default_value_t = 20)]
     max_steps: usize,
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -209,9 +209,9 @@ struct FromServerArgs {
     /// Keep tasks whose expert was not replayed to success.
     #[arg(long)]
     no_verify: bool,
-    #[arg(long, default_value_t = 30.0)]
+    #[arg(value_parser = super::ranges::positive, long, default_value_t = 30.0)]
     timeout_s: f64,
-    #[arg(long, default_value_t = 2)]
+    #[arg(value_parser = super::ranges::retries, long, default_value_t = 2)]
     retries: usize,
     /// The panel to write (JSONL).
     #[arg(long)]

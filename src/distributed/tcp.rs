@@ -5,7 +5,8 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::{Collective, CollectiveError};
@@ -19,6 +20,36 @@ pub struct TcpGroup {
     world: usize,
     /// Rank 0: the link to rank r at index r − 1. Others: the link to 0.
     links: Mutex<Vec<TcpStream>>,
+    /// How long a read waits for a peer, and what ends the wait early.
+    wait: Mutex<Wait>,
+}
+
+/// Tells whether peer rank `r`'s process is stopped (SIGSTOP, a debugger):
+/// such a peer cannot answer until it is continued.
+pub type StalledPeer = Arc<dyn Fn(usize) -> bool + Send + Sync>;
+
+/// How a read waits for a peer (see [`TcpGroup::recv`]).
+#[derive(Clone)]
+struct Wait {
+    timeout: Duration,
+    /// Raised by an interrupt of the run: a stopped peer is then given up
+    /// at once (a running one still gets to finish its step).
+    stop: Option<Arc<AtomicBool>>,
+    stalled: Option<StalledPeer>,
+}
+
+/// How long a stopped peer is waited for without an interrupt (it may be
+/// continued).
+const STALL_GRACE: Duration = Duration::from_secs(60);
+
+impl Wait {
+    fn new(timeout: Duration) -> Self {
+        Wait {
+            timeout,
+            stop: None,
+            stalled: None,
+        }
+    }
 }
 
 impl std::fmt::Debug for TcpGroup {
@@ -115,6 +146,7 @@ impl TcpGroup {
             rank: 0,
             world,
             links: Mutex::new(links.into_iter().flatten().collect()),
+            wait: Mutex::new(Wait::new(timeout)),
         })
     }
 
@@ -168,6 +200,7 @@ impl TcpGroup {
         Ok(TcpGroup {
             rank,
             world,
+            wait: Mutex::new(Wait::new(timeout)),
             links: Mutex::new(vec![s]),
         })
     }
@@ -179,7 +212,50 @@ impl TcpGroup {
             let peer = if self.rank == 0 { i + 1 } else { 0 };
             configure(l, timeout).map_err(self.io_err(peer, "cannot configure the link to"))?;
         }
+        self.wait.lock().expect("wait lock").timeout = timeout;
         Ok(())
+    }
+
+    /// Give up waiting for a stopped peer (`stalled` says which are) at
+    /// once when `stop` is raised, and after [`STALL_GRACE`] otherwise,
+    /// instead of after the whole peer timeout.
+    pub fn watch_peers(&self, stop: Option<Arc<AtomicBool>>, stalled: StalledPeer) {
+        let mut w = self.wait.lock().expect("wait lock");
+        w.stop = stop;
+        w.stalled = Some(stalled);
+    }
+
+    /// One frame from peer `peer` on `s`, waiting at most the peer
+    /// timeout, and less for a stopped peer.
+    fn recv(&self, s: &TcpStream, peer: usize) -> std::io::Result<Vec<u8>> {
+        let w = self.wait.lock().expect("wait lock").clone();
+        let deadline = Instant::now() + w.timeout;
+        let mut stalled_since: Option<Instant> = None;
+        let mut give_up = || -> Option<String> {
+            let stalled = w.stalled.as_ref()?;
+            if !stalled(peer) {
+                stalled_since = None;
+                return None;
+            }
+            let since = *stalled_since.get_or_insert_with(Instant::now);
+            let stop = w.stop.as_ref().is_some_and(|f| f.load(Ordering::SeqCst));
+            (stop || since.elapsed() > STALL_GRACE).then(|| {
+                format!(
+                    "its process is stopped (SIGSTOP?) and has not answered for {} s{}",
+                    since.elapsed().as_secs(),
+                    if stop {
+                        "; the run was interrupted"
+                    } else {
+                        ""
+                    }
+                )
+            })
+        };
+        let mut n = [0u8; 8];
+        read_full(s, &mut n, deadline, &mut give_up)?;
+        let mut b = vec![0u8; u64::from_le_bytes(n) as usize];
+        read_full(s, &mut b, deadline, &mut give_up)?;
+        Ok(b)
     }
 
     fn io_err(&self, peer: usize, what: &str) -> impl FnOnce(std::io::Error) -> CollectiveError {
@@ -224,12 +300,35 @@ fn send(mut s: &TcpStream, bytes: &[u8]) -> std::io::Result<()> {
     s.write_all(bytes)
 }
 
-fn recv(mut s: &TcpStream) -> std::io::Result<Vec<u8>> {
-    let mut n = [0u8; 8];
-    s.read_exact(&mut n)?;
-    let mut b = vec![0u8; u64::from_le_bytes(n) as usize];
-    s.read_exact(&mut b)?;
-    Ok(b)
+/// Fill `buf` from `s` by `deadline`, in waits of at most a second; after
+/// each, `give_up` may end the read with its reason.
+fn read_full(
+    mut s: &TcpStream,
+    buf: &mut [u8],
+    deadline: Instant,
+    give_up: &mut dyn FnMut() -> Option<String>,
+) -> std::io::Result<()> {
+    use std::io::ErrorKind;
+    let mut got = 0;
+    while got < buf.len() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::Error::new(ErrorKind::TimedOut, "no reply in time"));
+        }
+        s.set_read_timeout(Some(left.min(Duration::from_secs(1))))?;
+        match s.read(&mut buf[got..]) {
+            Ok(0) => return Err(ErrorKind::UnexpectedEof.into()),
+            Ok(n) => got += n,
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                if let Some(why) = give_up() {
+                    return Err(std::io::Error::new(ErrorKind::Interrupted, why));
+                }
+            }
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 impl Collective for TcpGroup {
@@ -246,7 +345,10 @@ impl Collective for TcpGroup {
         if self.rank == 0 {
             let mut all = vec![bytes];
             for (i, l) in links.iter().enumerate() {
-                all.push(recv(l).map_err(self.io_err(i + 1, "no data from"))?);
+                all.push(
+                    self.recv(l, i + 1)
+                        .map_err(self.io_err(i + 1, "no data from"))?,
+                );
             }
             for (i, l) in links.iter().enumerate() {
                 for b in &all {
@@ -258,7 +360,7 @@ impl Collective for TcpGroup {
             let l = &links[0];
             send(l, &bytes).map_err(self.io_err(0, "cannot send to"))?;
             (0..self.world)
-                .map(|_| recv(l).map_err(self.io_err(0, "no data from")))
+                .map(|_| self.recv(l, 0).map_err(self.io_err(0, "no data from")))
                 .collect()
         }
     }
@@ -283,6 +385,30 @@ mod tests {
         let mut g = vec![TcpGroup::host(l, world, t).unwrap()];
         g.extend(workers.into_iter().map(|w| w.join().unwrap()));
         g
+    }
+
+    #[test]
+    fn an_interrupt_gives_up_a_stopped_rank_within_seconds() {
+        let mut g = group(2);
+        let silent = g.pop().unwrap();
+        let host = g.pop().unwrap();
+        host.set_peer_timeout(Duration::from_secs(3600)).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        // Rank 1 counts as stopped; the flag gives it up at once.
+        host.watch_peers(Some(stop.clone()), Arc::new(|r| r == 1));
+        let raise = stop.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            raise.store(true, Ordering::SeqCst);
+        });
+        let t0 = Instant::now();
+        let e = host.all_gather(vec![1, 2, 3]).unwrap_err().to_string();
+        // A bound on a hang (the timeout is an hour), not a speed check.
+        assert!(t0.elapsed() < Duration::from_secs(30), "{:?}", t0.elapsed());
+        assert!(e.contains("no data from rank 1"), "{e}");
+        assert!(e.contains("its process is stopped"), "{e}");
+        assert!(e.contains("the run was interrupted"), "{e}");
+        drop(silent);
     }
 
     #[test]

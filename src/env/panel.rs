@@ -36,21 +36,58 @@ pub enum PanelError {
     /// A panel with no task: nothing to train or evaluate on.
     #[error("{}: the panel has no tasks (one JSON task per line)", path.display())]
     Empty { path: PathBuf },
+    /// A file or a line past what a panel may hold: refused before it is
+    /// parsed, since every task's text is tokenised and rendered into
+    /// prompts many times over.
+    #[error("{}{}: {what} is {size} bytes, over the limit of {limit} bytes", path.display(), line.map(|l| format!(":{l}")).unwrap_or_default())]
+    TooLarge {
+        path: PathBuf,
+        line: Option<usize>,
+        what: &'static str,
+        size: u64,
+        limit: u64,
+    },
 }
+
+/// The largest task line a panel may hold (about a thousand times the
+/// longest task of the built-in envs).
+pub const MAX_LINE_BYTES: u64 = 1 << 20;
+/// The largest panel file.
+pub const MAX_PANEL_BYTES: u64 = 256 << 20;
 
 /// Read a panel. Blank lines are skipped; line numbers in errors are
 /// 1-based; a panel without tasks is an error.
 pub fn read_jsonl(path: &Path) -> Result<Vec<Task>, PanelError> {
-    let text = std::fs::read_to_string(path).map_err(|source| PanelError::Io {
+    let io = |source| PanelError::Io {
         path: path.to_path_buf(),
         source,
-    })?;
+    };
+    let size = std::fs::metadata(path).map_err(io)?.len();
+    if size > MAX_PANEL_BYTES {
+        return Err(PanelError::TooLarge {
+            path: path.to_path_buf(),
+            line: None,
+            what: "the panel",
+            size,
+            limit: MAX_PANEL_BYTES,
+        });
+    }
+    let text = std::fs::read_to_string(path).map_err(io)?;
     let mut tasks = Vec::new();
     let mut first_line: BTreeMap<String, usize> = BTreeMap::new();
     for (i, line) in text.lines().enumerate() {
         let line_no = i + 1;
         if line.trim().is_empty() {
             continue;
+        }
+        if line.len() as u64 > MAX_LINE_BYTES {
+            return Err(PanelError::TooLarge {
+                path: path.to_path_buf(),
+                line: Some(line_no),
+                what: "a task line",
+                size: line.len() as u64,
+                limit: MAX_LINE_BYTES,
+            });
         }
         let task: Task = serde_json::from_str(line).map_err(|e| PanelError::Parse {
             path: path.to_path_buf(),
@@ -289,6 +326,23 @@ pub(crate) fn visit_texts(
 #[cfg(test)]
 mod selection_tests {
     use super::*;
+
+    #[test]
+    fn oversized_lines_are_refused_with_their_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("p.jsonl");
+        let ok = r#"{"id":"a","type":"t","goal":"g","world":{},"expert":["x"],"difficulty":1}"#;
+        let big = format!(
+            r#"{{"id":"b","type":"t","goal":"{}","world":{{}},"expert":["x"],"difficulty":1}}"#,
+            "w ".repeat(MAX_LINE_BYTES as usize)
+        );
+        std::fs::write(&p, format!("{ok}\n\n{big}\n")).unwrap();
+        let e = read_jsonl(&p).unwrap_err().to_string();
+        assert!(e.contains("p.jsonl:3: a task line is "), "{e}");
+        assert!(e.contains("over the limit of 1048576 bytes"), "{e}");
+        std::fs::write(&p, format!("{ok}\n")).unwrap();
+        assert_eq!(read_jsonl(&p).unwrap().len(), 1);
+    }
 
     fn committed(name: &str) -> PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -25,13 +25,55 @@ pub struct EvalSet<'a> {
 }
 
 /// What one evaluation found: the breakdown (success overall, by type and
-/// cluster), the rollout statistics, and each task's success count (in the
-/// order of [`EvalSet::tasks`]).
+/// cluster, over the episodes the env completed), the rollout statistics,
+/// each task's success and completed-episode counts (in the order of
+/// [`EvalSet::tasks`]), and the episodes the env failed.
 #[derive(Debug, Clone)]
 pub struct EvalResult {
     pub breakdown: SuccessBreakdown,
     pub stats: RolloutStats,
     pub successes: Vec<usize>,
+    pub attempts: Vec<usize>,
+    pub env_failures: Vec<EnvFailure>,
+}
+
+/// An evaluation episode the env failed (dead server, malformed reply,
+/// deadline): it says nothing of the policy, so it is left out of success
+/// and reported instead.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EnvFailure {
+    pub task: String,
+    pub error: String,
+}
+
+/// Per task (`samples` consecutive episodes each): successes and episodes
+/// the env completed; and the episodes it failed.
+fn tally(
+    tasks: &[Task],
+    eps: &[rollout::Episode],
+    samples: usize,
+) -> (Vec<usize>, Vec<usize>, Vec<EnvFailure>) {
+    let mut failures = Vec::new();
+    let mut successes = Vec::with_capacity(tasks.len());
+    let mut attempts = Vec::with_capacity(tasks.len());
+    for (t, group) in tasks.iter().zip(eps.chunks(samples.max(1))) {
+        let (mut s, mut a) = (0, 0);
+        for e in group {
+            match &e.error {
+                Some(err) => failures.push(EnvFailure {
+                    task: t.id.clone(),
+                    error: err.clone(),
+                }),
+                None => {
+                    a += 1;
+                    s += usize::from(e.success);
+                }
+            }
+        }
+        successes.push(s);
+        attempts.push(a);
+    }
+    (successes, attempts, failures)
 }
 
 /// Evaluate `policy` on a set of tasks with unguided rollouts.
@@ -55,16 +97,19 @@ pub fn evaluate(
         })
         .collect();
     let (eps, stats) = rollout::run(policy, tok, make_env, &reqs, opts, rng, None)?;
-    let pairs: Vec<(&Task, &rollout::Episode)> =
-        reqs.iter().map(|r| r.task).zip(eps.iter()).collect();
-    let successes = eps
-        .chunks(samples.max(1))
-        .map(|c| c.iter().filter(|e| e.success).count())
+    let pairs: Vec<(&Task, &rollout::Episode)> = reqs
+        .iter()
+        .map(|r| r.task)
+        .zip(eps.iter())
+        .filter(|(_, e)| e.error.is_none())
         .collect();
+    let (successes, attempts, env_failures) = tally(set.tasks, &eps, samples);
     Ok(EvalResult {
         breakdown: success_breakdown(&pairs, set.clusters),
         stats,
         successes,
+        attempts,
+        env_failures,
     })
 }
 
@@ -207,8 +252,8 @@ pub fn load_run(
     }
     let device = super::policies::device(&exp)?;
     let loaded = match ckpt {
-        None => checkpoint::load_latest(&run_dir, &device)?,
-        Some(dir) => checkpoint::load_dir(dir, &device)?,
+        None => checkpoint::load_latest(&run_dir, &device, checkpoint::Sums::Required)?,
+        Some(dir) => checkpoint::load_dir(dir, &device, checkpoint::Sums::Required)?,
     };
     let train = panel::read_jsonl(Path::new(&exp.env.train))?;
     let lens: Vec<usize> = train.iter().map(|t| t.expert.len()).collect();
@@ -268,11 +313,14 @@ pub fn eval_checkpoint(
     spec.begin_step();
     let make = move |limit: usize| crate::env::make_env(&spec, limit);
     let n = o.samples.max(1);
+    let failures = std::cell::RefCell::new(Vec::<EnvFailure>::new());
+    // Successes and completed episodes per task; the env's failures are
+    // collected apart.
     let counts = |policy: &Policy,
                   opts: &RolloutOptions,
                   samples: usize,
                   label: &str|
-     -> Result<Vec<usize>, RunError> {
+     -> Result<(Vec<usize>, Vec<usize>), RunError> {
         let reqs: Vec<EpisodeRequest> = tasks
             .iter()
             .flat_map(|t| {
@@ -284,16 +332,16 @@ pub fn eval_checkpoint(
             .collect();
         let mut rng = seed::rng(o.seed, &[seed::label(label)]);
         let (eps, _) = rollout::run(policy, &tok, &make, &reqs, opts, &mut rng, None)?;
-        Ok(eps
-            .chunks(samples)
-            .map(|g| g.iter().filter(|e| e.success).count())
-            .collect())
+        let (successes, attempts, failed) = tally(&tasks, &eps, samples);
+        failures.borrow_mut().extend(failed);
+        Ok((successes, attempts))
     };
-    let sampled = counts(&trained, &opts, n, "eval-sampled")?;
-    let before = counts(&initial, &opts, n, "eval-initial")?;
+    let (sampled, attempts) = counts(&trained, &opts, n, "eval-sampled")?;
+    let (before, before_attempts) = counts(&initial, &opts, n, "eval-initial")?;
     opts.greedy = true;
-    let greedy = counts(&trained, &opts, 1, "eval-greedy")?;
-    let initial_greedy = counts(&initial, &opts, 1, "eval-initial-greedy")?;
+    let (greedy, _) = counts(&trained, &opts, 1, "eval-greedy")?;
+    let (initial_greedy, _) = counts(&initial, &opts, 1, "eval-initial-greedy")?;
+    let failures = failures.into_inner();
     let per: Vec<TaskCounts> = tasks
         .iter()
         .enumerate()
@@ -301,7 +349,7 @@ pub fn eval_checkpoint(
             id: t.id.clone(),
             greedy: greedy[i] > 0,
             successes: sampled[i],
-            samples: n,
+            samples: attempts[i],
         })
         .collect();
     let init: Vec<TaskCounts> = tasks
@@ -311,7 +359,7 @@ pub fn eval_checkpoint(
             id: t.id.clone(),
             greedy: initial_greedy[i] > 0,
             successes: before[i],
-            samples: n,
+            samples: before_attempts[i],
         })
         .collect();
     let group = |f: &dyn Fn(usize) -> String| -> serde_json::Map<String, Value> {
@@ -340,6 +388,13 @@ pub fn eval_checkpoint(
         "by_cluster": group(&|i| clusters.of(tasks[i].expert.len()).to_string()),
         "by_region": group(&region),
         "tasks": per,
+        // Episodes the env failed, left out of every rate above.
+        "env_errors": failures.len(),
+        "env_error_examples": failures
+            .iter()
+            .take(5)
+            .map(|f| serde_json::json!({ "task": f.task, "error": f.error }))
+            .collect::<Vec<_>>(),
     }))
 }
 

@@ -145,6 +145,59 @@ impl Footprint {
     }
 }
 
+impl Footprint {
+    /// What a model's config alone says of its footprint, before any
+    /// weight exists: the projections, embeddings and norms it declares
+    /// (biases and rollout copies left out, LoRA adapters counted as
+    /// nothing), so the estimate from it is a lower bound. Capped at 10¹⁵
+    /// parameters so the byte counts stay in range.
+    pub fn lower_bound(cfg: &ModelConfig, precision: Precision, lora: bool) -> Footprint {
+        let (h, i) = (cfg.hidden_size as f64, cfg.intermediate_size as f64);
+        let a = (cfg.num_attention_heads * cfg.head_dim()) as f64;
+        let kv = (cfg.num_key_value_heads * cfg.head_dim()) as f64;
+        let per_layer = 2.0 * a * h + 2.0 * kv * h + 3.0 * i * h + 2.0 * h;
+        let heads = if cfg.tie_word_embeddings { 1.0 } else { 2.0 };
+        let params =
+            cfg.num_hidden_layers as f64 * per_layer + heads * cfg.vocab_size as f64 * h + h;
+        let params = params.min(1e15) as u64;
+        Footprint {
+            cfg: cfg.clone(),
+            precision,
+            params,
+            trained: if lora { 0 } else { params },
+            lora,
+            fused_attention: true,
+            rollout_copies: 0,
+        }
+    }
+}
+
+/// Refuses, before any weight is allocated, a model whose weights,
+/// optimizer state and KL reference alone (one token of one sequence on
+/// top) cannot fit in the memory `limit` (else what `device` has free);
+/// the full estimate follows once the policy is built.
+pub fn before_loading(
+    exp: &crate::experiment::Experiment,
+    cfg: &ModelConfig,
+    limit: Option<u64>,
+    device: &candle_core::Device,
+) -> Result<(), Box<MemoryError>> {
+    let fp = Footprint::lower_bound(cfg, exp.model.precision(), exp.model.lora.is_some());
+    let est = estimate_for(
+        &fp,
+        &RunShape {
+            micro_batch: 1,
+            rollout_batch: 0,
+            seq_len: 1,
+            reference: exp.trainer.kl_coef > 0.0,
+        },
+    );
+    let Some(total) = limit.or_else(|| available(device)) else {
+        return Ok(());
+    };
+    check(&est, total, &exp.model.device.to_string())
+}
+
 /// The cached rollout weights of `policy`: under `model.rollout_bf16` the
 /// bf16 copies of every product weight (projections, gate/up, LM head)
 /// plus MKL's packs of them; in f32 on a CPU where the decode kernel runs,

@@ -39,7 +39,8 @@ pub fn success_breakdown(pairs: &[(&Task, &Episode)], clusters: &Clusters) -> Su
             .push(s);
     }
     SuccessBreakdown {
-        success: Some(round(mean(&all))),
+        // No episode (the env failed them all): no rate, rather than 0.
+        success: (!all.is_empty()).then(|| round(mean(&all))),
         success_by_type: means(by_type),
         success_by_cluster: means(by_cluster),
         episodes: Some(all.len()),

@@ -242,7 +242,8 @@ fn setup(exp: Experiment, o: &SftOptions) -> Result<(SftCtx, usize), RunError> {
         Some(d) => {
             let dir = RunDir::at(d);
             let lock = dir.lock()?;
-            (dir, lock, Some(checkpoint::load_latest(d, &device)?))
+            let need = checkpoint::Sums::Required;
+            (dir, lock, Some(checkpoint::load_latest(d, &device, need)?))
         }
         None => {
             let (dir, lock) = RunDir::claim(&exp.run_dir())?;
@@ -459,6 +460,7 @@ fn save(ctx: &SftCtx, step: usize) -> Result<PathBuf, RunError> {
         copies: Default::default(),
         evals: Vec::new(),
         rng: "derived: seed x (stream label, step)".into(),
+        experiment: None,
     };
     policies::save_checkpoint(
         ctx.dir.path(),

@@ -471,6 +471,41 @@ pub enum SimError {
     Script(#[from] ScriptError),
     #[error(transparent)]
     Panel(#[from] crate::env::panel::PanelError),
+    /// A simulation that means nothing, or too large to finish.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// The most episodes one simulation plays (steps × tasks per step × group
+/// size, before review rounds): about a minute of a script's calls.
+pub const MAX_EPISODES: u64 = 10_000_000;
+
+impl SimParams {
+    /// Refuse a simulation that means nothing (no step, task or rollout)
+    /// or would not finish (past [`MAX_EPISODES`]).
+    pub fn check(&self) -> Result<(), SimError> {
+        for (name, v) in [
+            ("steps", self.steps),
+            ("tasks", self.tasks_per_step),
+            ("group", self.group_size),
+            ("clusters", self.clusters),
+        ] {
+            if v == 0 {
+                return Err(SimError::Invalid(format!("--{name} must be ≥ 1")));
+            }
+        }
+        let episodes = (self.steps as u64)
+            .saturating_mul(self.tasks_per_step as u64)
+            .saturating_mul(self.group_size as u64);
+        if episodes > MAX_EPISODES {
+            return Err(SimError::Invalid(format!(
+                "{} steps × {} tasks × {} rollouts = {episodes} episodes, over the {MAX_EPISODES} \
+                 one simulation plays: lower --steps, --tasks or --group",
+                self.steps, self.tasks_per_step, self.group_size
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// Load a guidance script and a task panel and simulate.
@@ -479,7 +514,45 @@ pub fn simulate_file(
     panel: &std::path::Path,
     p: &SimParams,
 ) -> Result<SimReport, SimError> {
+    p.check()?;
     let tasks = crate::env::panel::read_jsonl(panel)?;
     let mut host = GuidanceHost::new(script, p.seed)?;
     Ok(simulate(&mut host, &tasks, p)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_and_huge_simulations_are_refused_before_any_work() {
+        let ok = SimParams::default();
+        ok.check().unwrap();
+        let e = SimParams {
+            tasks_per_step: 100_000_000,
+            ..ok.clone()
+        }
+        .check()
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("episodes, over the 10000000"), "{e}");
+        let e = SimParams {
+            steps: 0,
+            ..ok.clone()
+        }
+        .check()
+        .unwrap_err();
+        assert_eq!(e.to_string(), "--steps must be ≥ 1");
+        // Refused before the panel is read (a missing one is not reached).
+        let e = simulate_file(
+            std::path::Path::new("missing.rhai"),
+            std::path::Path::new("missing.jsonl"),
+            &SimParams {
+                tasks_per_step: 0,
+                ..ok
+            },
+        )
+        .unwrap_err();
+        assert_eq!(e.to_string(), "--tasks must be ≥ 1");
+    }
 }

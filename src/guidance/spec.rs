@@ -145,31 +145,57 @@ fn finite(what: &str, x: f64) -> Result<f64, Box<rhai::EvalAltResult>> {
     }
 }
 
+/// A depth (`prefix(n)`, `plan(k)`): refused when negative, which would
+/// otherwise read as unguided without a word (a script that draws depths
+/// clamps them itself, as the shipped ones do).
+fn depth(what: &str, x: f64) -> Result<i64, Box<rhai::EvalAltResult>> {
+    let x = finite(what, x)?.round();
+    if x < 0.0 {
+        return Err(format!("{what}: the depth must be ≥ 0, got {x}").into());
+    }
+    Ok(x as i64)
+}
+
+/// `prefix_ratio(r)`: a share of the expert trajectory, in [0, 1].
+fn ratio(r: f64) -> Result<f64, Box<rhai::EvalAltResult>> {
+    let r = finite("prefix_ratio", r)?;
+    if !(0.0..=1.0).contains(&r) {
+        return Err(format!("prefix_ratio: the ratio must be in [0, 1], got {r}").into());
+    }
+    Ok(r)
+}
+
 pub fn register(engine: &mut Engine) {
     engine
         .register_type_with_name::<GuidanceSpec>("Spec")
         .register_fn("none", || GuidanceSpec::None)
-        .register_fn("prefix", |n: i64| GuidanceSpec::Prefix { n })
+        .register_fn("prefix", |n: i64| -> SpecResult {
+            Ok(GuidanceSpec::Prefix {
+                n: depth("prefix", n as f64)?,
+            })
+        })
         .register_fn("prefix", |n: f64| -> SpecResult {
             Ok(GuidanceSpec::Prefix {
-                n: finite("prefix", n)?.round() as i64,
+                n: depth("prefix", n)?,
             })
         })
         .register_fn("prefix_ratio", |r: f64| -> SpecResult {
+            Ok(GuidanceSpec::PrefixRatio { r: ratio(r)? })
+        })
+        .register_fn("prefix_ratio", |r: i64| -> SpecResult {
             Ok(GuidanceSpec::PrefixRatio {
-                r: finite("prefix_ratio", r)?,
+                r: ratio(r as f64)?,
             })
         })
-        .register_fn("prefix_ratio", |r: i64| GuidanceSpec::PrefixRatio {
-            r: r as f64,
-        })
-        .register_fn("plan", |k: i64| GuidanceSpec::Plan {
-            k,
-            loss: PlanLoss::Default,
+        .register_fn("plan", |k: i64| -> SpecResult {
+            Ok(GuidanceSpec::Plan {
+                k: depth("plan", k as f64)?,
+                loss: PlanLoss::Default,
+            })
         })
         .register_fn("plan", |k: f64| -> SpecResult {
             Ok(GuidanceSpec::Plan {
-                k: finite("plan", k)?.round() as i64,
+                k: depth("plan", k)?,
                 loss: PlanLoss::Default,
             })
         })
@@ -222,6 +248,36 @@ mod tests {
         assert_eq!(GuidanceSpec::PrefixRatio { r: 0.0 }.resolve(7).prefix, 0);
         assert_eq!(GuidanceSpec::PrefixRatio { r: 0.01 }.resolve(7).prefix, 1);
         assert_eq!(GuidanceSpec::PrefixRatio { r: 0.8 }.resolve(1).prefix, 0);
+    }
+
+    #[test]
+    fn negative_depths_and_ratios_outside_0_1_are_script_errors() {
+        let mut engine = Engine::new();
+        register(&mut engine);
+        for (src, msg) in [
+            ("prefix(-5)", "prefix: the depth must be ≥ 0, got -5"),
+            ("prefix(-2.6)", "prefix: the depth must be ≥ 0, got -3"),
+            ("plan(-1)", "plan: the depth must be ≥ 0, got -1"),
+            (
+                "prefix_ratio(-0.1)",
+                "prefix_ratio: the ratio must be in [0, 1], got -0.1",
+            ),
+            (
+                "prefix_ratio(2)",
+                "prefix_ratio: the ratio must be in [0, 1], got 2",
+            ),
+        ] {
+            let e = engine.eval::<GuidanceSpec>(src).unwrap_err().to_string();
+            assert!(e.contains(msg), "{src}: {e}");
+        }
+        assert_eq!(
+            engine.eval::<GuidanceSpec>("prefix(0)").unwrap(),
+            GuidanceSpec::Prefix { n: 0 }
+        );
+        assert_eq!(
+            engine.eval::<GuidanceSpec>("prefix_ratio(1)").unwrap(),
+            GuidanceSpec::PrefixRatio { r: 1.0 }
+        );
     }
 
     #[test]

@@ -37,6 +37,22 @@ pub struct RunState {
     /// Every random stream is derived from (seed, label, step): this
     /// names the scheme so a resumed run knows how to continue.
     pub rng: String,
+    /// The resolved experiment this checkpoint was trained under: a resume
+    /// under other settings is refused unless accepted knowingly (the
+    /// run's `experiment.json` can be edited; this copy is under
+    /// `SHA256SUMS`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub experiment: Option<serde_json::Value>,
+}
+
+/// Whether a checkpoint must carry `SHA256SUMS`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sums {
+    /// Refuse a checkpoint without one: its files cannot be vouched for.
+    Required,
+    /// Take a checkpoint without one as it is (`--accept-unverified`, or a
+    /// data-parallel rank reading what rank 0 verified).
+    MayLack,
 }
 
 /// The checkpoints folder of a run directory.
@@ -97,6 +113,13 @@ pub enum CheckpointError {
     /// A file `SHA256SUMS` lists is missing or a line does not parse.
     #[error("{}: {msg}", path.display())]
     Sums { path: PathBuf, msg: String },
+    /// No `SHA256SUMS`: nothing says the files are the ones written.
+    #[error(
+        "{}: no {SUMS_FILE}, so its files cannot be checked (edited or damaged weights would \
+         load silently); `actguide run --resume … --accept-unverified` takes it as it is",
+        dir.display()
+    )]
+    Unverified { dir: PathBuf },
     #[error(transparent)]
     File(#[from] RunDirError),
 }
@@ -214,13 +237,20 @@ fn write_sums(dir: &Path) -> Result<(), CheckpointError> {
     std::fs::write(dir.join(SUMS_FILE), text).map_err(io(dir))
 }
 
-/// Check every file `SHA256SUMS` lists. Checkpoints written before
-/// checksums existed have no such file and are taken as they are.
-pub fn verify(dir: &Path) -> Result<(), CheckpointError> {
+/// Check every file `SHA256SUMS` lists; a checkpoint without the file is
+/// refused unless `need` is [`Sums::MayLack`].
+pub fn verify(dir: &Path, need: Sums) -> Result<(), CheckpointError> {
     let sums = dir.join(SUMS_FILE);
     let text = match std::fs::read_to_string(&sums) {
         Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return match need {
+                Sums::MayLack => Ok(()),
+                Sums::Required => Err(CheckpointError::Unverified {
+                    dir: dir.to_path_buf(),
+                }),
+            };
+        }
         Err(e) => return Err(io(&sums)(e)),
     };
     for (i, line) in text.lines().enumerate() {
@@ -266,21 +296,21 @@ impl Loaded {
 }
 
 /// Load the checkpoint `latest` points at.
-pub fn load_latest(run_dir: &Path, device: &Device) -> Result<Loaded, CheckpointError> {
+pub fn load_latest(run_dir: &Path, device: &Device, need: Sums) -> Result<Loaded, CheckpointError> {
     let root = run_dir.join(CHECKPOINTS_DIR);
     let latest = root.join(LATEST_FILE);
     let name = std::fs::read_to_string(&latest).map_err(|source| CheckpointError::NoLatest {
         path: latest.clone(),
         source,
     })?;
-    load_dir(&root.join(name.trim()), device)
+    load_dir(&root.join(name.trim()), device, need)
 }
 
 /// Load the checkpoint in `dir` (`<run>/checkpoints/step-NNNNNN`), after
 /// checking its files against `SHA256SUMS`.
-pub fn load_dir(dir: &Path, device: &Device) -> Result<Loaded, CheckpointError> {
+pub fn load_dir(dir: &Path, device: &Device, need: Sums) -> Result<Loaded, CheckpointError> {
     let dir = dir.to_path_buf();
-    verify(&dir)?;
+    verify(&dir, need)?;
     let st_path = dir.join(STATE_FILE);
     let st = std::fs::read_to_string(&st_path).map_err(io(&st_path))?;
     let state: RunState = serde_json::from_str(&st).map_err(json(&st_path))?;
@@ -316,21 +346,24 @@ mod tests {
         let d = tmp.path();
         std::fs::write(d.join("model.safetensors"), vec![7u8; 4096]).unwrap();
         std::fs::write(d.join(STATE_FILE), "{}").unwrap();
-        // No SHA256SUMS: an older checkpoint, taken as it is.
-        verify(d).unwrap();
+        // No SHA256SUMS: refused, unless taken knowingly.
+        let e = verify(d, Sums::Required).unwrap_err();
+        assert!(matches!(e, CheckpointError::Unverified { .. }), "{e}");
+        assert!(e.to_string().contains("--accept-unverified"), "{e}");
+        verify(d, Sums::MayLack).unwrap();
         write_sums(d).unwrap();
         let sums = std::fs::read_to_string(d.join(SUMS_FILE)).unwrap();
         assert_eq!(sums.lines().count(), 2, "{sums}");
         assert!(sums.lines().all(|l| l.len() > 66), "{sums}");
-        verify(d).unwrap();
+        verify(d, Sums::Required).unwrap();
         let mut bytes = std::fs::read(d.join("model.safetensors")).unwrap();
         bytes[100..164].fill(0xFF);
         std::fs::write(d.join("model.safetensors"), &bytes).unwrap();
-        let e = verify(d).unwrap_err();
+        let e = verify(d, Sums::MayLack).unwrap_err();
         assert!(matches!(e, CheckpointError::Checksum { .. }), "{e}");
         assert!(e.to_string().contains("model.safetensors: damaged"), "{e}");
         std::fs::remove_file(d.join("model.safetensors")).unwrap();
-        let e = verify(d).unwrap_err();
+        let e = verify(d, Sums::Required).unwrap_err();
         assert!(
             e.to_string()
                 .contains("lists model.safetensors, which is missing"),

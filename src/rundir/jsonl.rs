@@ -110,14 +110,19 @@ fn record<R: DeserializeOwned>(path: &Path, line: usize, v: Value) -> Result<R, 
     })
 }
 
-/// The one key every record has.
+/// The one key every record has, and the mark of an evaluation's line.
 #[derive(Deserialize)]
 struct Stepped {
     step: Option<u64>,
+    /// Set on lines an evaluation wrote (the evaluation after `step`
+    /// steps, which precedes that step's checkpoint).
+    #[serde(default)]
+    eval: Option<Value>,
 }
 
 /// Drop lines whose `step` is ≥ `step` (they follow the checkpoint we
-/// resume from and will be written again). Lines that do not parse as a
+/// resume from and will be written again), except an evaluation's lines
+/// at `step` itself (the checkpoint came after that evaluation). Lines that do not parse as a
 /// record with a step (damaged bytes, a line a kill cut short) are never
 /// dropped silently: they move to `<file>.damaged` and each gets a warning.
 pub fn truncate_after(
@@ -134,9 +139,10 @@ pub fn truncate_after(
         let parsed = serde_json::from_str::<Value>(l)
             .ok()
             .filter(Value::is_object)
-            .and_then(|v| serde_json::from_value::<Stepped>(v).ok()?.step);
+            .and_then(|v| serde_json::from_value::<Stepped>(v).ok())
+            .and_then(|r| Some((r.step?, r.eval.is_some())));
         match parsed {
-            Some(s) if (s as usize) < step => {
+            Some((s, eval)) if (s as usize) < step || (eval && s as usize == step) => {
                 kept.push_str(l);
                 kept.push('\n');
             }

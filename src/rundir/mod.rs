@@ -7,6 +7,7 @@
 //!   eval.jsonl               one [`EvalLine`] per evaluation and panel
 //!   reloads.jsonl            one [`ReloadLine`] per hot-reload outcome
 //!   env_errors.jsonl         one [`EnvErrorLine`] per episode the env failed
+//!   resumes.jsonl            one [`ResumeLine`] per resume
 //!   scripts/<role>-<hash>/   every script version used, with its imports
 //!   tb/                      TensorBoard event files (a new one per process)
 //!   checkpoints/step-NNNNNN/ weights, optimiser moments, run state
@@ -40,8 +41,8 @@ use serde_json::Value;
 pub use jsonl::Record;
 pub use lock::RunLock;
 pub use records::{
-    EnvErrorLine, EvalLine, EvalTimes, ReloadLine, StepBehaviour, StepEngine, StepGigpo, StepLine,
-    StepRounds, StepTimes, SuccessBreakdown,
+    EnvErrorLine, EvalLine, EvalTimes, ReloadLine, ResumeLine, StepBehaviour, StepEngine,
+    StepGigpo, StepLine, StepRounds, StepTimes, SuccessBreakdown,
 };
 
 /// The resolved experiment of a run.

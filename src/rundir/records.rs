@@ -233,6 +233,9 @@ pub struct EvalLine {
     /// The in-region task ids, on each panel's first evaluation only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub in_region_ids: Option<BTreeSet<String>>,
+    /// Episodes the env failed (each in `env_errors.jsonl`), left out of
+    /// every rate of this line.
+    pub env_errors: Option<usize>,
     #[serde(default)]
     pub time: EvalTimes,
 }
@@ -319,10 +322,35 @@ pub struct EnvErrorLine {
     /// The task id.
     pub task: Option<String>,
     pub error: Option<String>,
+    /// The evaluated panel, for an evaluation episode (absent: a training
+    /// episode).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval: Option<String>,
 }
 
 impl Record for EnvErrorLine {
     const FILE: &'static str = "env_errors.jsonl";
+}
+
+/// One resume of the run: a line of `resumes.jsonl`, so the directory says
+/// what a resumed run accepted.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ResumeLine {
+    /// The step the run continued at.
+    pub step: Option<usize>,
+    /// The checkpoint it continued from.
+    pub checkpoint: Option<String>,
+    /// Settings that differ from the ones the checkpoint was trained under
+    /// (`key: old → new`), accepted with `--accept-changed-config`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub changed: Vec<String>,
+    /// The checkpoint had no `SHA256SUMS` (`--accept-unverified`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unverified: bool,
+}
+
+impl Record for ResumeLine {
+    const FILE: &'static str = "resumes.jsonl";
 }
 
 #[cfg(test)]

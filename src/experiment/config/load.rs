@@ -256,7 +256,12 @@ impl Experiment {
     fn from_json(file: &str, source: &str, json: serde_json::Value) -> Result<Self, ConfigError> {
         let exp: Experiment =
             serde_path_to_error::deserialize(json).map_err(|e| field_error(file, source, e))?;
-        exp.validate(file)?;
+        let resolved = serde_json::to_value(&exp).map_err(|e| ConfigError::Invalid {
+            file: file.into(),
+            msg: e.to_string(),
+        })?;
+        super::ranges::check(file, source, &resolved)?;
+        exp.validate(file, source)?;
         Ok(exp)
     }
 }
@@ -331,7 +336,7 @@ fn map_start(source: &str) -> (usize, usize) {
 
 /// Find `a: … b: … c:` (the path of keys) in the source: the 1-based line
 /// and column of the last key. Best effort: (0, 0) when not found.
-fn locate_key(source: &str, keys: &[String]) -> (usize, usize) {
+pub(super) fn locate_key(source: &str, keys: &[String]) -> (usize, usize) {
     let mut from = 0usize;
     let mut found = None;
     for key in keys {

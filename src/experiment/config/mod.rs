@@ -21,6 +21,7 @@ use crate::script::ScriptError;
 pub use crate::train::TrainerSection;
 
 mod load;
+mod ranges;
 mod sft;
 
 pub use load::{Comparison, ExperimentFile};
@@ -418,18 +419,13 @@ pub enum ConfigError {
 impl Experiment {
     /// The checks serde cannot express (bounds, settings that need each
     /// other), one section at a time.
-    fn validate(&self, file: &str) -> Result<(), ConfigError> {
+    fn validate(&self, file: &str, source: &str) -> Result<(), ConfigError> {
         check_name(file, &self.name)?;
-        let budget_ok = self.guidance.call_budget_s > 0.0; // false for NaN too
-        if !budget_ok {
-            return Err(invalid(file, "guidance.call_budget_s must be > 0"));
-        }
         check_rollout(file, &self.rollout)?;
-        check_trainer(file, &self.trainer)?;
         if let Some(s) = &self.sft {
             s.check().map_err(|m| invalid(file, &m))?;
         }
-        check_env(file, &self.env)?;
+        check_env(file, source, &self.env)?;
         check_model(file, &self.model)
     }
 
@@ -463,21 +459,9 @@ fn check_name(file: &str, name: &str) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// Bounds are in [`ranges::RANGES`]; these are the rollout settings that
+/// need each other.
 fn check_rollout(file: &str, r: &RolloutSection) -> Result<(), ConfigError> {
-    if r.tasks_per_step == 0 || r.group_size == 0 {
-        return Err(invalid(
-            file,
-            "rollout.tasks_per_step and rollout.group_size must be ≥ 1",
-        ));
-    }
-    let temperature_ok = r.temperature > 0.0; // false for NaN too
-    let top_p_ok = r.top_p > 0.0 && r.top_p <= 1.0;
-    if !temperature_ok || !top_p_ok {
-        return Err(invalid(
-            file,
-            "rollout.temperature must be > 0 and rollout.top_p in (0, 1]",
-        ));
-    }
     if let Some(e) = &r.engine {
         e.check().map_err(|m| invalid(file, &m))?;
         // Engines report log-probs of the raw distribution (temperature
@@ -499,24 +483,41 @@ fn check_rollout(file: &str, r: &RolloutSection) -> Result<(), ConfigError> {
     Ok(())
 }
 
-fn check_trainer(file: &str, t: &TrainerSection) -> Result<(), ConfigError> {
-    let gamma_ok = t.luffy_gamma > 0.0;
-    if !gamma_ok {
-        return Err(invalid(file, "trainer.luffy_gamma must be > 0"));
+/// Each env kind's own keys: the ones it needs, and no other kind's (a
+/// `url` on a built-in env would be silently ignored).
+fn check_env(file: &str, source: &str, e: &EnvSection) -> Result<(), ConfigError> {
+    use crate::env::EnvKindName;
+    let kind = e.kind;
+    let foreign = |key: &str, set: bool, owner: &str| -> Result<(), ConfigError> {
+        if !set {
+            return Ok(());
+        }
+        let msg = format!(
+            "env.{key} belongs to env.kind \"{owner}\"; this env is \"{}\", which would ignore it",
+            kind.name()
+        );
+        Err(
+            match load::locate_key(source, &["env".into(), key.into()]) {
+                (0, 0) => invalid(file, &msg),
+                (line, col) => ConfigError::Field {
+                    file: file.into(),
+                    line,
+                    col,
+                    msg,
+                },
+            },
+        )
+    };
+    if kind != EnvKindName::Http {
+        foreign("url", e.url.is_some(), "http")?;
+        foreign("expert_endpoint", e.expert_endpoint, "http")?;
     }
-    if t.ppo_epochs == 0 || t.minibatches == 0 || t.micro_batch == 0 {
-        return Err(invalid(
-            file,
-            "trainer.ppo_epochs, minibatches and micro_batch must be ≥ 1",
-        ));
+    if kind != EnvKindName::Subprocess {
+        foreign("command", !e.command.is_empty(), "subprocess")?;
     }
-    Ok(())
-}
-
-fn check_env(file: &str, e: &EnvSection) -> Result<(), ConfigError> {
-    match e.kind {
-        crate::env::EnvKindName::Builtin(_) => {}
-        crate::env::EnvKindName::Http => {
+    match kind {
+        EnvKindName::Builtin(_) => {}
+        EnvKindName::Http => {
             if e.url.as_deref().is_none_or(|u| !u.starts_with("http://")) {
                 return Err(invalid(
                     file,
@@ -524,7 +525,7 @@ fn check_env(file: &str, e: &EnvSection) -> Result<(), ConfigError> {
                 ));
             }
         }
-        crate::env::EnvKindName::Subprocess => {
+        EnvKindName::Subprocess => {
             if e.command.is_empty() {
                 return Err(invalid(
                     file,
@@ -532,13 +533,6 @@ fn check_env(file: &str, e: &EnvSection) -> Result<(), ConfigError> {
                 ));
             }
         }
-    }
-    let timeout_ok = e.timeout_s > 0.0;
-    if !timeout_ok {
-        return Err(invalid(file, "env.timeout_s must be > 0"));
-    }
-    if e.step_deadline_s <= 0.0 {
-        return Err(invalid(file, "env.step_deadline_s must be > 0"));
     }
     Ok(())
 }

@@ -12,7 +12,7 @@ use crate::experiment::config::EvalPanel;
 use crate::experiment::eval::{evaluate, EvalSet};
 use crate::experiment::metrics::round;
 use crate::rundir::tensorboard::{scalars_from_json, wall_time_now};
-use crate::rundir::{EvalLine, EvalTimes};
+use crate::rundir::{EnvErrorLine, EvalLine, EvalTimes};
 use crate::seed;
 
 pub(super) fn run_eval(
@@ -59,18 +59,27 @@ pub(super) fn run_eval(
             &mut rng,
         )?;
         let success = r.breakdown.success.unwrap_or(0.0);
+        for f in &r.env_failures {
+            ctx.dir.append(&EnvErrorLine {
+                step: Some(step),
+                task: Some(f.task.clone()),
+                error: Some(f.error.clone()),
+                eval: Some(panel.to_string()),
+            })?;
+        }
         let split = region_split(
             &mut ctx.regions,
             panel.as_str(),
             tasks,
             &r.successes,
-            samples,
+            &r.attempts,
         );
         let line = EvalLine {
             step: Some(step),
             panel: Some(panel.to_string()),
             greedy: Some(e.greedy),
             result: r.breakdown,
+            env_errors: Some(r.env_failures.len()),
             time: EvalTimes {
                 eval_s: Some(round(r.stats.seconds)),
             },
@@ -92,13 +101,14 @@ pub(super) fn run_eval(
 
 /// Success in and out of the panel's region (the tasks the initial policy
 /// solves at least once, fixed at the panel's first evaluation, whose line
-/// lists them), as the region fields of an eval line.
+/// lists them), as the region fields of an eval line; over the episodes
+/// the env completed (`attempts` per task).
 fn region_split(
     regions: &mut BTreeMap<String, BTreeSet<String>>,
     panel: &str,
     tasks: &[Task],
     successes: &[usize],
-    samples: usize,
+    attempts: &[usize],
 ) -> EvalLine {
     let first = !regions.contains_key(panel);
     if first {
@@ -111,21 +121,20 @@ fn region_split(
         regions.insert(panel.to_string(), ids);
     }
     let region = &regions[panel];
-    let (mut sin, mut nin, mut sout, mut nout) = (0usize, 0usize, 0usize, 0usize);
-    for (t, &c) in tasks.iter().zip(successes) {
+    // Successes, completed episodes and tasks, in and out of the region.
+    let (mut sin, mut ain, mut nin, mut sout, mut aout, mut nout) = (0, 0, 0usize, 0, 0, 0usize);
+    for ((t, &c), &a) in tasks.iter().zip(successes).zip(attempts) {
         if region.contains(&t.id) {
-            sin += c;
-            nin += 1;
+            (sin, ain, nin) = (sin + c, ain + a, nin + 1);
         } else {
-            sout += c;
-            nout += 1;
+            (sout, aout, nout) = (sout + c, aout + a, nout + 1);
         }
     }
-    // `null` when the side has no task.
-    let rate = |s: usize, k: usize| (k > 0).then(|| round(s as f64 / (k * samples) as f64));
+    // `null` when the side has no completed episode.
+    let rate = |s: usize, a: usize| (a > 0).then(|| round(s as f64 / a as f64));
     EvalLine {
-        success_in_region: rate(sin, nin),
-        success_out_region: rate(sout, nout),
+        success_in_region: rate(sin, ain),
+        success_out_region: rate(sout, aout),
         in_region_tasks: Some(nin),
         out_region_tasks: Some(nout),
         in_region_ids: first.then(|| region.clone()),

@@ -56,6 +56,9 @@ pub struct RunOptions {
     /// Raised from outside (the binary's SIGINT/SIGTERM handler): the run
     /// finishes the step in progress, writes a checkpoint and stops.
     pub interrupt: Option<Arc<AtomicBool>>,
+    /// Raised by the run while it is in its step loop (where an interrupt
+    /// is worth a checkpoint), lowered when it leaves it.
+    pub stepping: Option<Arc<AtomicBool>>,
     /// Memory the run may plan for, in bytes, instead of what the device
     /// reports (for a machine shared with other jobs).
     pub memory_limit: Option<u64>,
@@ -65,6 +68,13 @@ pub struct RunOptions {
     /// The program that serves `dp-worker` for ranks 1.. (default: this
     /// executable; tests name the built binary).
     pub worker_program: Option<PathBuf>,
+    /// Resume from a checkpoint without `SHA256SUMS` (its files taken as
+    /// they are).
+    pub accept_unverified: bool,
+    /// Resume although the experiment differs from the one the checkpoint
+    /// was trained under (the differing keys are logged and recorded in
+    /// `resumes.jsonl`).
+    pub accept_changed_config: bool,
 }
 
 impl RunOptions {
@@ -165,6 +175,9 @@ struct Ctx {
     watcher: Option<FileWatcher>,
     /// The other ranks of a data-parallel run (None: this process alone).
     ranks: Option<ranks::Ranks>,
+    /// Compare every script with its file at the next step boundary, edit
+    /// or not (set on resume).
+    reload_pending: bool,
 }
 
 /// Tokens and clock of the steps this invocation ran (the summary's
@@ -350,6 +363,7 @@ pub fn run(
         spec.begin_step();
         run_eval(&mut ctx, 0, &make, on_event)?;
     }
+    let _stepping = Stepping::raise(opts.stepping.clone());
     let mut totals = Totals::default();
     let mut step = start_step;
     let mut done_here = 0usize;
@@ -413,6 +427,27 @@ pub fn run(
     })
 }
 
+/// Holds [`RunOptions::stepping`] raised while the step loop runs (and
+/// lowers it however the loop is left).
+struct Stepping(Option<Arc<AtomicBool>>);
+
+impl Stepping {
+    fn raise(flag: Option<Arc<AtomicBool>>) -> Self {
+        if let Some(f) = &flag {
+            f.store(true, Ordering::SeqCst);
+        }
+        Stepping(flag)
+    }
+}
+
+impl Drop for Stepping {
+    fn drop(&mut self) {
+        if let Some(f) = &self.0 {
+            f.store(false, Ordering::SeqCst);
+        }
+    }
+}
+
 /// Save a copy of a script version under the run's `scripts/` (an empty
 /// path for a role without a script).
 fn save_copy(dir: &RunDir, role: Role, script: Option<&Script>) -> Result<String, RunError> {
@@ -434,6 +469,7 @@ fn save_checkpoint(ctx: &Ctx, step: usize) -> Result<PathBuf, RunError> {
         copies: ctx.copies.clone(),
         evals: ctx.evals.clone(),
         rng: "derived: seed x (stream label, step)".into(),
+        experiment: serde_json::to_value(&ctx.exp).ok(),
     };
     super::policies::save_checkpoint(
         ctx.dir.path(),

@@ -150,6 +150,7 @@ impl Ranks {
         devices: &[DeviceSpec],
         resumed: bool,
         device: &candle_core::Device,
+        interrupt: Option<Arc<std::sync::atomic::AtomicBool>>,
     ) -> Result<Self, RunError> {
         let world = devices.len();
         let io =
@@ -191,6 +192,13 @@ impl Ranks {
                     _ => None,
                 })
         })?;
+        // A stopped worker (SIGSTOP) must not hold rank 0 for the whole
+        // peer timeout, nor an interrupt for longer than a second.
+        let pids: Vec<u32> = ranks.workers.iter().map(|w| w.id()).collect();
+        tcp.watch_peers(
+            interrupt,
+            Arc::new(move |r| pids.get(r.wrapping_sub(1)).is_some_and(|&p| stopped(p))),
+        );
         ranks.coll = group(tcp, device)?;
         Ok(ranks)
     }
@@ -208,6 +216,7 @@ impl Ranks {
             &opts.devices,
             opts.resume.is_some(),
             ctx.policy.device(),
+            opts.interrupt.clone(),
         )?;
         ctx.trainer.set_collective(r.coll.clone());
         Ok(r)
@@ -298,6 +307,21 @@ impl Ranks {
     pub(super) fn stop(&self) -> Result<(), RunError> {
         self.send(&Command::Stop)
     }
+}
+
+/// Whether process `pid` is stopped (state `T` or `t` in
+/// `/proc/<pid>/stat`); false where `/proc` cannot tell.
+fn stopped(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            // The state follows the command name's closing parenthesis.
+            let rest = &s[s.rfind(')')? + 1..];
+            rest.split_whitespace()
+                .next()
+                .map(|st| st == "T" || st == "t")
+        })
+        .unwrap_or(false)
 }
 
 /// The group over `tcp`: NCCL between CUDA devices, else TCP alone.
@@ -395,7 +419,12 @@ pub fn serve_worker(
     let (train, _test, _clusters) = setup::panels(&exp)?;
     let src = policies::open(&exp)?;
     let resumed = if resume {
-        Some(checkpoint::load_latest(run_dir, &dev)?)
+        // Rank 0 verified this checkpoint before it started the ranks.
+        Some(checkpoint::load_latest(
+            run_dir,
+            &dev,
+            checkpoint::Sums::MayLack,
+        )?)
     } else {
         None
     };

@@ -29,10 +29,11 @@ pub(super) fn reload_if_edited(
     task_idx: &[usize],
     on_event: &mut dyn FnMut(Event),
 ) -> Result<(), RunError> {
-    let changed = ctx
-        .watcher
-        .as_mut()
-        .is_some_and(|w| w.changed(std::time::Duration::from_secs(2)));
+    let changed = std::mem::take(&mut ctx.reload_pending)
+        || ctx
+            .watcher
+            .as_mut()
+            .is_some_and(|w| w.changed(std::time::Duration::from_secs(2)));
     if changed {
         // The view reload checks a new version against: the step's first
         // task.

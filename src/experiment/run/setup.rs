@@ -26,6 +26,22 @@ pub(super) fn setup(
     exp: Experiment,
     opts: &RunOptions,
 ) -> Result<(Ctx, usize, Vec<String>), RunError> {
+    let mut claimed = None;
+    let r = open(exp, opts, &mut claimed);
+    if let (Err(_), Some(dir)) = (&r, claimed) {
+        // A fresh run refused while it was being set up leaves nothing
+        // behind (so the corrected rerun gets the same name).
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    r
+}
+
+/// [`setup`]; `claimed` is set to a fresh run's new directory.
+fn open(
+    exp: Experiment,
+    opts: &RunOptions,
+    claimed: &mut Option<PathBuf>,
+) -> Result<(Ctx, usize, Vec<String>), RunError> {
     let mut warnings = Vec::new();
     let device = policies::device(&exp)?;
     let (dir, lock, resumed) = match &opts.resume {
@@ -34,7 +50,11 @@ pub(super) fn setup(
             // A live run's directory is refused before anything is read
             // (a missing one gets the checkpoint loader's message).
             let lock = if d.is_dir() { Some(dir.lock()?) } else { None };
-            let loaded = checkpoint::load_latest(d, &device)?;
+            let need = match opts.accept_unverified {
+                true => checkpoint::Sums::MayLack,
+                false => checkpoint::Sums::Required,
+            };
+            let loaded = checkpoint::load_latest(d, &device, need)?;
             let lock = match lock {
                 Some(l) => l,
                 None => dir.lock()?,
@@ -43,6 +63,7 @@ pub(super) fn setup(
         }
         None => {
             let (dir, lock) = RunDir::claim(&exp.run_dir())?;
+            *claimed = Some(dir.path().to_path_buf());
             (dir, lock, None)
         }
     };
@@ -57,6 +78,7 @@ pub(super) fn setup(
     }
     let (train, test, clusters) = panels(&exp)?;
     let src = policies::open(&exp)?;
+    crate::experiment::memory::before_loading(&exp, &src.cfg, opts.memory_limit, &device)?;
     let tok = src.tok.clone();
     let unencodable = tok.unencodable_words(
         train
@@ -85,7 +107,8 @@ pub(super) fn setup(
         Some(l) => resume_state(&exp, l, &mut trainer, &mut host)?,
         None => fresh_state(&exp, &dir, &mut host)?,
     };
-    if resumed.is_some() {
+    if let Some(l) = &resumed {
+        vouch_for_resume(&exp, l, &dir, opts, &mut warnings)?;
         dir.truncate_for_resume(scripts.start_step, &mut warnings)?;
     }
     let regions = dir.regions()?;
@@ -117,6 +140,9 @@ pub(super) fn setup(
             regions,
             tb,
             ropts,
+            // Edits made while the run was stopped reached no watcher:
+            // the first step compares every script with its file.
+            reload_pending: resumed.is_some(),
         },
         scripts.start_step,
         warnings,
@@ -201,6 +227,84 @@ fn open_scripts(exp: &Experiment, resumed: Option<&Loaded>) -> Result<GuidanceHo
         host.set_source(*role, Path::new(path));
     }
     Ok(host)
+}
+
+/// A resume continues only what it can vouch for: the experiment the
+/// checkpoint was trained under (its copy in `state.json`, under
+/// `SHA256SUMS`), unless `--accept-changed-config` takes the new settings
+/// knowingly. Each resume is recorded in `resumes.jsonl`.
+fn vouch_for_resume(
+    exp: &Experiment,
+    l: &Loaded,
+    dir: &RunDir,
+    opts: &RunOptions,
+    warnings: &mut Vec<String>,
+) -> Result<(), RunError> {
+    let mut changed = Vec::new();
+    if let (Some(then), Ok(now)) = (&l.state.experiment, serde_json::to_value(exp)) {
+        diff_settings("", then, &now, &mut changed);
+    }
+    if !changed.is_empty() && !opts.accept_changed_config {
+        return Err(RunError::Resume {
+            checkpoint: l.dir.clone(),
+            msg: format!(
+                "the experiment differs from the one this checkpoint was trained under ({}); \
+                 restore the run's experiment.json, or resume with --accept-changed-config to \
+                 continue under the new settings (recorded in resumes.jsonl)",
+                changed.join("; ")
+            ),
+        });
+    }
+    let unverified = !l.dir.join(checkpoint::SUMS_FILE).is_file();
+    if !changed.is_empty() {
+        warnings.push(format!(
+            "resumed under changed settings (--accept-changed-config): {}",
+            changed.join("; ")
+        ));
+    }
+    if unverified {
+        warnings.push(format!(
+            "resumed from {} without {} (--accept-unverified): its files were not checked",
+            l.dir.display(),
+            checkpoint::SUMS_FILE
+        ));
+    }
+    dir.append(&crate::rundir::ResumeLine {
+        step: Some(l.state.step),
+        checkpoint: Some(l.dir.display().to_string()),
+        changed,
+        unverified,
+    })?;
+    Ok(())
+}
+
+/// Every leaf setting that differs between two resolved experiments, as
+/// `key: old → new`.
+fn diff_settings(path: &str, a: &serde_json::Value, b: &serde_json::Value, out: &mut Vec<String>) {
+    use serde_json::Value;
+    let key = |k: &str| {
+        if path.is_empty() {
+            k.to_string()
+        } else {
+            format!("{path}.{k}")
+        }
+    };
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            let keys: std::collections::BTreeSet<&String> = x.keys().chain(y.keys()).collect();
+            for k in keys {
+                let none = Value::Null;
+                diff_settings(
+                    &key(k),
+                    x.get(k).unwrap_or(&none),
+                    y.get(k).unwrap_or(&none),
+                    out,
+                );
+            }
+        }
+        (x, y) if x != y => out.push(format!("{path}: {x} → {y}")),
+        _ => {}
+    }
 }
 
 /// Where the run starts, and its script bookkeeping.

@@ -576,6 +576,7 @@ fn log_env_errors(
                 step: Some(step),
                 task: Some(task.to_string()),
                 error: Some(error.clone()),
+                eval: None,
             })?;
         }
         on_event(Event::Log(format!(
