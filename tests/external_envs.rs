@@ -447,11 +447,15 @@ fn a_silent_env_costs_one_timeout_per_step_even_one_episode_at_a_time() {
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     assert_eq!(errors(&m), 8, "{m:?}");
-    let errs: Vec<Value> = std::fs::read_to_string(s.run_dir.join("env_errors.jsonl"))
+    let all: Vec<Value> = std::fs::read_to_string(s.run_dir.join("env_errors.jsonl"))
         .unwrap()
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
+    // The two evaluations' episodes are there too, marked as theirs.
+    let (evals, errs): (Vec<Value>, Vec<Value>) =
+        all.into_iter().partition(|e| e.get("eval").is_some());
+    assert_eq!(evals.len(), 4, "{evals:?}");
     assert_eq!(errs.len(), 8);
     let first = errs[0]["error"].as_str().unwrap();
     assert!(first.contains("hello: no reply within 1.0 s"), "{first}");

@@ -225,3 +225,90 @@ fn a_resume_refuses_what_it_cannot_vouch_for_unless_accepted_knowingly() {
     assert_eq!(reloads[0]["step"], 2);
     assert_eq!(reloads[0]["ok"], true);
 }
+
+#[test]
+fn a_train_panel_without_any_expert_action_is_refused_with_its_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(root().join("envs/household/train.jsonl")).unwrap();
+    let empty: String = text
+        .lines()
+        .map(|l| {
+            let mut t: Value = serde_json::from_str(l).unwrap();
+            t["expert"] = serde_json::json!([]);
+            t.to_string() + "\n"
+        })
+        .collect();
+    let panel = tmp.path().join("noexpert.jsonl");
+    std::fs::write(&panel, empty).unwrap();
+    let script = root().join("scripts/guidance/fixed.rhai");
+    let exp = experiment(tmp.path(), "ne", &root().join("models/tiny"), "", &script);
+    let src = std::fs::read_to_string(&exp).unwrap().replace(
+        &format!("train: \"{}/envs/household/train.jsonl\"", root().display()),
+        &format!("train: \"{}\"", panel.display()),
+    );
+    std::fs::write(&exp, src).unwrap();
+    let out = actguide(&["run", exp.to_str().unwrap(), "--plain"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("noexpert.jsonl:1: no task has expert actions"),
+        "{err}"
+    );
+    assert!(!tmp.path().join("runs/ne").exists());
+}
+
+#[test]
+fn sigint_before_the_first_step_stops_at_once_with_130() {
+    let tmp = tempfile::tempdir().unwrap();
+    let script = root().join("scripts/guidance/fixed.rhai");
+    let exp = experiment(
+        tmp.path(),
+        "early",
+        &root().join("models/tiny"),
+        "",
+        &script,
+    );
+    // A long first evaluation (every test task, 50 actions each): the
+    // interrupt lands before the first step.
+    let src = std::fs::read_to_string(&exp)
+        .unwrap()
+        .replace(
+            "evaluation: #{ every: 0, max_tasks: 2 }",
+            "evaluation: #{ every: 0, samples: 8, greedy: false }",
+        )
+        .replace("max_steps: 4", "max_steps: 50");
+    std::fs::write(&exp, src).unwrap();
+    let run = tmp.path().join("runs/early");
+    let child = Command::new(BIN)
+        .args(["run", exp.to_str().unwrap(), "--plain"])
+        .current_dir(root())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while !run.join("experiment.json").exists() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "no set-up in 120 s"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let sent = Instant::now();
+    let kill = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let out = child.wait_with_output().unwrap();
+    // A bound on a hang: the first evaluation alone takes far longer.
+    assert!(
+        sent.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        sent.elapsed()
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{err}");
+    assert!(err.contains("had not started a step"), "{err}");
+    assert!(!run.join("metrics.jsonl").exists());
+}

@@ -281,7 +281,8 @@ mod tests {
             let (src, _) = source_with(&full, path, good);
             if let Err(e) = Experiment::from_source("x.rhai", &src) {
                 let e = e.to_string();
-                assert!(!e.contains(&format!("{path} must")), "{path} = {good}: {e}");
+                let range_error = format!("{path} must be {}", range.describe());
+                assert!(!e.contains(&range_error), "{path} = {good}: {e}");
             }
         }
     }

@@ -54,6 +54,15 @@ pub enum RunError {
         #[source]
         source: EnvError,
     },
+    /// A train panel none of whose tasks has expert actions (after the env
+    /// was asked for them): nothing to guide with.
+    #[error(
+        "{}:1: no task has expert actions (`expert` is empty on every line): guidance, the \
+         difficulty clusters and the memory estimate need them; add them, or use an env that \
+         supplies them (env.kind \"subprocess\", or \"http\" with env.expert_endpoint)",
+        panel.display()
+    )]
+    NoExperts { panel: PathBuf },
     /// Training diverged: the weights are no longer usable. Nothing of the
     /// step was logged or saved.
     #[error(

@@ -162,6 +162,11 @@ pub(super) fn panels(exp: &Experiment) -> Result<(Vec<Task>, Vec<Task>, Clusters
             source,
         })?;
     }
+    if train.iter().all(|t| t.expert.is_empty()) {
+        return Err(RunError::NoExperts {
+            panel: PathBuf::from(&exp.env.train),
+        });
+    }
     let lens: Vec<usize> = train.iter().map(|t| t.expert.len()).collect();
     let clusters = Clusters::from_lengths(&lens, exp.guidance.clusters);
     Ok((train, test, clusters))
