@@ -473,3 +473,172 @@ fn an_engine_run_on_several_devices_is_refused_before_anything_starts() {
     assert!(err.contains("run it on one device"), "{err}");
     assert!(!run_dir.exists(), "nothing was started");
 }
+
+/// A reference server started on `gguf` at a free port; its stderr lines
+/// arrive on `log`. Killed when dropped.
+struct Reference {
+    child: std::process::Child,
+    addr: std::net::SocketAddr,
+    log: std::sync::mpsc::Receiver<String>,
+}
+
+impl Reference {
+    fn start(gguf: &Path) -> Reference {
+        use std::io::BufRead;
+        let addr = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_actguide"))
+            .arg("engine-reference")
+            .args(["-m", &gguf.display().to_string()])
+            .args(["--port", &addr.port().to_string()])
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (tx, log) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stderr)
+                .lines()
+                .map_while(Result::ok)
+            {
+                let _ = tx.send(line);
+            }
+        });
+        let s = Reference { child, addr, log };
+        let t0 = std::time::Instant::now();
+        while s.try_request("GET", "/health", "").is_none() {
+            assert!(t0.elapsed().as_secs() < 60, "the server did not start");
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        s
+    }
+
+    /// The status and JSON body of one request, None if nobody answered.
+    fn try_request(&self, method: &str, path: &str, body: &str) -> Option<(u16, Value)> {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(self.addr).ok()?;
+        write!(
+            s,
+            "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .ok()?;
+        let mut reply = String::new();
+        s.read_to_string(&mut reply).ok()?;
+        let status = reply.split_whitespace().nth(1)?.parse().ok()?;
+        let json = serde_json::from_str(reply.split_once("\r\n\r\n")?.1).ok()?;
+        Some((status, json))
+    }
+
+    fn complete(&self, body: Value) -> (u16, Value) {
+        self.try_request("POST", "/completion", &body.to_string())
+            .expect("an answer")
+    }
+}
+
+impl Drop for Reference {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn the_reference_server_refuses_a_request_past_the_models_positions_at_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let gguf = tmp.path().join("tiny-chat.gguf");
+    common::tiny_chat_gguf(&gguf); // 8192 positions
+    let server = Reference::start(&gguf);
+    let prompt = |n: usize| vec![100u32; n];
+
+    let t0 = std::time::Instant::now();
+    let (status, v) =
+        server.complete(serde_json::json!({ "prompt": prompt(9000), "n_predict": 16 }));
+    assert!(t0.elapsed().as_secs() < 10, "refused before any compute");
+    assert_eq!(status, 400, "{v}");
+    let e = &v["error"];
+    assert_eq!(e["code"], 400);
+    assert_eq!(e["type"], "exceed_context_size_error");
+    assert_eq!(e["n_prompt_tokens"], 9000);
+    assert_eq!(e["n_ctx"], 8192);
+    let msg = e["message"].as_str().unwrap();
+    assert!(msg.contains("9000") && msg.contains("8192"), "{msg}");
+
+    // A short prompt with an n_predict past the positions, or a huge one.
+    for n in [9000.0, 1e15] {
+        let (status, v) =
+            server.complete(serde_json::json!({ "prompt": prompt(100), "n_predict": n }));
+        assert_eq!(status, 400, "{v}");
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(
+            msg.contains("100 prompt tokens") && msg.contains("8192"),
+            "{msg}"
+        );
+    }
+
+    // What fits is served; n_predict -1 (llama.cpp's "until the context is
+    // full") stops at the last position.
+    let (status, v) = server.complete(serde_json::json!({ "prompt": prompt(10), "n_predict": 4 }));
+    assert_eq!(status, 200, "{v}");
+    assert!(
+        (1..=4).contains(&v["tokens"].as_array().unwrap().len()),
+        "{v}"
+    );
+    let (status, v) =
+        server.complete(serde_json::json!({ "prompt": prompt(8190), "n_predict": -1 }));
+    assert_eq!(status, 200, "{v}");
+    assert!(
+        (1..=2).contains(&v["tokens"].as_array().unwrap().len()),
+        "{v}"
+    );
+}
+
+#[test]
+fn the_reference_server_stops_generating_when_its_client_leaves() {
+    use std::io::Write;
+    let tmp = tempfile::tempdir().unwrap();
+    let gguf = tmp.path().join("tiny-chat.gguf");
+    common::tiny_chat_gguf(&gguf);
+    let server = Reference::start(&gguf);
+    // The grammar's one answer forces 3000 tokens (one per byte: the
+    // vocabulary merges no "aa").
+    let answer = "a".repeat(3000);
+    let body = serde_json::json!({
+        "prompt": [1, 100, 101],
+        "n_predict": 4000,
+        "grammar": format!("root ::= \"{answer}\""),
+    })
+    .to_string();
+    let mut s = std::net::TcpStream::connect(server.addr).unwrap();
+    write!(
+        s,
+        "POST /completion HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    // The client leaves without waiting for the answer.
+    drop(s);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let line = loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let line = server
+            .log
+            .recv_timeout(left)
+            .expect("the server says it stopped");
+        if line.contains("client closed the connection") {
+            break line;
+        }
+    };
+    let generated: usize = line
+        .split("after ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{line}"));
+    assert!(generated < 3000, "{line}");
+    // The server is free for the next client at once.
+    let (status, v) = server.complete(serde_json::json!({ "prompt": [1, 100], "n_predict": 2 }));
+    assert_eq!(status, 200, "{v}");
+}

@@ -7,9 +7,12 @@
 //! It is the engine tests' server: its log-probs are the policy's own, so
 //! the trainer's recomputed log-probs must match them to float precision,
 //! and it can be killed mid-run like a real server. It serves one request
-//! at a time.
+//! at a time, so it bounds what one request may cost: a prompt and
+//! `n_predict` past the model's positions are refused before any compute,
+//! and a client that closes its connection stops its generation.
 
-use std::net::TcpListener;
+use std::io::ErrorKind;
+use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 
 use candle_core::Device;
@@ -99,32 +102,39 @@ impl ReferenceServer {
             };
             let reply = match (method.as_str(), path.as_str()) {
                 ("GET", "/health") => Ok(json!({ "status": "ok" })),
-                ("POST", "/completion") => self.completion(&body),
-                _ => Err(format!("no route {method} {path}")),
+                ("POST", "/completion") => self.completion(&body, &mut || client_gone(&stream)),
+                _ => Err(CompletionError::Invalid(format!(
+                    "no route {method} {path}"
+                ))),
             };
             match reply {
                 Ok(v) => respond(&mut stream, 200, &v.to_string()),
-                Err(e) => respond(
-                    &mut stream,
-                    400,
-                    &json!({ "error": { "code": 400, "message": e } }).to_string(),
-                ),
+                // Nobody is left to answer; the log says why the work ended.
+                Err(e @ CompletionError::ClientGone { .. }) => eprintln!("engine-reference: {e}"),
+                Err(e) => respond(&mut stream, 400, &e.body().to_string()),
             }
         }
     }
 
     /// `POST /completion`: sample one answer for the token-id prompt.
-    fn completion(&self, b: &Value) -> Result<Value, String> {
+    /// `gone` is asked between decode steps whether the client has left.
+    fn completion(
+        &self,
+        b: &Value,
+        gone: &mut dyn FnMut() -> bool,
+    ) -> Result<Value, CompletionError> {
+        let invalid = |m: &str| CompletionError::Invalid(m.to_string());
         let prompt: Vec<u32> = b["prompt"]
             .as_array()
-            .ok_or("`prompt` must be a list of token ids")?
+            .ok_or_else(|| invalid("`prompt` must be a list of token ids"))?
             .iter()
             .map(|t| t.as_u64().and_then(|x| u32::try_from(x).ok()))
             .collect::<Option<_>>()
-            .ok_or("`prompt` must be a list of token ids")?;
+            .ok_or_else(|| invalid("`prompt` must be a list of token ids"))?;
+        let n_predict = self.n_predict(prompt.len(), b.get("n_predict"))?;
         let num = |k: &str, d: f64| b.get(k).and_then(Value::as_f64).unwrap_or(d);
         let opts = GenerateOptions {
-            max_new_tokens: num("n_predict", 16.0) as usize,
+            max_new_tokens: n_predict,
             temperature: num("temperature", 1.0),
             top_p: num("top_p", 1.0),
             greedy: false,
@@ -132,23 +142,33 @@ impl ReferenceServer {
         };
         let tries = match b.get("grammar").and_then(Value::as_str) {
             Some(g) => {
-                let answers = parse_gbnf_alternation(g)?;
+                let answers = parse_gbnf_alternation(g).map_err(CompletionError::Invalid)?;
                 let ids = answers
                     .iter()
                     .map(|a| self.tok.encode(a))
                     .collect::<Result<Vec<_>, _>>()
-                    .map_err(|e| e.to_string())?;
+                    .map_err(|e| CompletionError::Invalid(e.to_string()))?;
                 Some(vec![TokenTrie::new(&ids, self.eos)])
             }
             None => None,
         };
         let mut rng = ChaCha8Rng::seed_from_u64(num("seed", 0.0) as u64);
+        let mut left = false;
         let g = self
             .policy
-            .generate(&[prompt], &opts, tries.as_deref(), &mut rng)
-            .map_err(|e| e.to_string())?
+            .generate_until(&[prompt], &opts, tries.as_deref(), &mut rng, &mut || {
+                left = left || gone();
+                left
+            })
+            .map_err(|e| CompletionError::Invalid(e.to_string()))?
             .pop()
-            .ok_or("no generation")?;
+            .ok_or_else(|| invalid("no generation"))?;
+        if left {
+            return Err(CompletionError::ClientGone {
+                generated: g.tokens.len(),
+                n_predict,
+            });
+        }
         let probs: Vec<Value> = g
             .tokens
             .iter()
@@ -177,6 +197,99 @@ impl ReferenceServer {
             "stopped_limit": !g.finished,
             "tokens_predicted": g.tokens.len(),
         }))
+    }
+
+    /// The tokens to generate after a prompt of `prompt` tokens: the
+    /// request's `n_predict` (16 when absent; negative, as llama.cpp's -1:
+    /// up to the model's last position). A prompt and `n_predict` past the
+    /// model's positions are refused here, before any compute: the model
+    /// has no rotary position for them, and one request would hold the
+    /// server for minutes.
+    fn n_predict(&self, prompt: usize, v: Option<&Value>) -> Result<usize, CompletionError> {
+        let positions = self.policy.config().max_position_embeddings;
+        let asked = match v.filter(|v| !v.is_null()) {
+            None => Some(16),
+            Some(v) => match v.as_f64() {
+                Some(x) if x < 0.0 => None,
+                // Saturates: a huge n_predict is refused below.
+                Some(x) => Some(x as usize),
+                None => {
+                    return Err(CompletionError::Invalid(
+                        "`n_predict` must be a number".into(),
+                    ))
+                }
+            },
+        };
+        let n_predict = asked.unwrap_or(positions.saturating_sub(prompt));
+        if prompt.saturating_add(n_predict) > positions {
+            return Err(CompletionError::ExceedsContext {
+                prompt,
+                n_predict,
+                positions,
+            });
+        }
+        Ok(n_predict)
+    }
+}
+
+/// Why a completion request gets no completion.
+#[derive(Debug, thiserror::Error)]
+pub enum CompletionError {
+    /// A request the server cannot read or run (llama.cpp's
+    /// `invalid_request_error`).
+    #[error("{0}")]
+    Invalid(String),
+    /// The prompt and the tokens to predict need more positions than the
+    /// model has (llama.cpp's `exceed_context_size_error`, whose reply
+    /// carries both numbers).
+    #[error(
+        "request ({prompt} prompt tokens + {n_predict} to predict) exceeds the available \
+         context size ({positions} tokens)"
+    )]
+    ExceedsContext {
+        prompt: usize,
+        n_predict: usize,
+        positions: usize,
+    },
+    /// The client closed its connection while its answer was generated.
+    #[error(
+        "the client closed the connection; generation stopped after {generated} of at most \
+         {n_predict} token(s)"
+    )]
+    ClientGone { generated: usize, n_predict: usize },
+}
+
+impl CompletionError {
+    /// The JSON body of the 400 reply, in llama.cpp's shape.
+    fn body(&self) -> Value {
+        let mut e = json!({ "code": 400, "message": self.to_string() });
+        match self {
+            CompletionError::ExceedsContext {
+                prompt, positions, ..
+            } => {
+                e["type"] = json!("exceed_context_size_error");
+                e["n_prompt_tokens"] = json!(prompt);
+                e["n_ctx"] = json!(positions);
+            }
+            _ => e["type"] = json!("invalid_request_error"),
+        }
+        json!({ "error": e })
+    }
+}
+
+/// Whether the peer of `stream` has closed it: a non-blocking peek reads
+/// end-of-stream (or the connection was reset). Bytes waiting, or none
+/// yet, mean the client is still there.
+fn client_gone(stream: &TcpStream) -> bool {
+    if stream.set_nonblocking(true).is_err() {
+        return false;
+    }
+    let r = stream.peek(&mut [0u8; 1]);
+    let _ = stream.set_nonblocking(false);
+    match r {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => !matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted),
     }
 }
 

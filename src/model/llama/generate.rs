@@ -75,6 +75,21 @@ impl Policy {
         constraints: Option<&[TokenTrie]>,
         rng: &mut ChaCha8Rng,
     ) -> Result<Vec<Generated>> {
+        self.generate_until(prompts, opts, constraints, rng, &mut || false)
+    }
+
+    /// [`Policy::generate`], asking `stop` before the prefill and before
+    /// every decode step: when it answers true, generation ends there and
+    /// the tokens so far are returned (unfinished ones with `finished`
+    /// false). A server uses it to drop the work of a client that left.
+    pub fn generate_until(
+        &self,
+        prompts: &[Vec<u32>],
+        opts: &GenerateOptions,
+        constraints: Option<&[TokenTrie]>,
+        rng: &mut ChaCha8Rng,
+        stop: &mut dyn FnMut() -> bool,
+    ) -> Result<Vec<Generated>> {
         let temperature = self.check_generate(prompts, opts, constraints)?;
         let mut out: Vec<Generated> = prompts
             .iter()
@@ -84,7 +99,7 @@ impl Policy {
                 finished: false,
             })
             .collect();
-        if prompts.is_empty() || opts.max_new_tokens == 0 {
+        if prompts.is_empty() || opts.max_new_tokens == 0 || stop() {
             return Ok(out);
         }
         let w = self.inference_weights()?;
@@ -106,7 +121,7 @@ impl Policy {
         };
         for step in 0..opts.max_new_tokens {
             let keep = sample_step(&sampler, &logits, &active, constraints, &mut out, rng)?;
-            if keep.is_empty() || step + 1 == opts.max_new_tokens {
+            if keep.is_empty() || step + 1 == opts.max_new_tokens || stop() {
                 break;
             }
             if keep.len() < active.len() {

@@ -230,3 +230,45 @@ fn generate_argument_checks() {
         .unwrap()
         .is_empty());
 }
+
+#[test]
+fn generation_ends_where_the_stop_check_says_so() {
+    let p = policy(false, 21);
+    let prompts = prompts_of(&[5, 9], 4);
+    let o = opts(12, 1.0, 1.0, true);
+    let full = p
+        .generate(&prompts, &o, None, &mut ChaCha8Rng::seed_from_u64(0))
+        .unwrap();
+    // Asked before the prefill and after each sampled token: the fourth
+    // check stops after three tokens, the ones the full run starts with.
+    let mut checks = 0;
+    let cut = p
+        .generate_until(
+            &prompts,
+            &o,
+            None,
+            &mut ChaCha8Rng::seed_from_u64(0),
+            &mut || {
+                checks += 1;
+                checks == 4
+            },
+        )
+        .unwrap();
+    assert_eq!(checks, 4);
+    for (c, f) in cut.iter().zip(&full) {
+        let n = f.tokens.len().min(3);
+        assert_eq!(c.tokens, f.tokens[..n]);
+        assert_eq!(c.finished, f.finished && f.tokens.len() <= 3);
+    }
+    // A stop before the prefill computes nothing.
+    let none = p
+        .generate_until(
+            &prompts,
+            &o,
+            None,
+            &mut ChaCha8Rng::seed_from_u64(0),
+            &mut || true,
+        )
+        .unwrap();
+    assert!(none.iter().all(|g| g.tokens.is_empty() && !g.finished));
+}
