@@ -409,3 +409,75 @@ fn a_tokenizer_missing_panel_words_is_named_and_its_actions_are_counted() {
         .iter()
         .any(|l| l.contains("action(s) had words the tokenizer cannot encode")));
 }
+
+#[test]
+fn depth_metrics_count_the_executed_prefix_not_the_planned_one() {
+    use actguide::env::panel::read_jsonl;
+    let tmp = tempfile::tempdir().unwrap();
+    let r = root();
+    // Every task's first expert action is one the env does not know: a
+    // planned prefix of 3 executes nothing.
+    let mut tasks = read_jsonl(&r.join("envs/household/train.jsonl")).unwrap();
+    tasks.retain(|t| t.expert.len() >= 4);
+    for t in &mut tasks {
+        t.expert[0] = "teleport to the moon".into();
+    }
+    let panel = tmp.path().join("train.jsonl");
+    let text: Vec<String> = tasks
+        .iter()
+        .map(|t| serde_json::to_string(t).unwrap())
+        .collect();
+    std::fs::write(&panel, text.join("\n") + "\n").unwrap();
+    let script = tmp.path().join("prefix3.rhai");
+    std::fs::write(
+        &script,
+        "fn init(state) {}\nfn plan(task, state) { prefix(3) }\n\
+         fn review(task, group, state) {}\nfn update(batch, state) {}\n",
+    )
+    .unwrap();
+    let src = format!(
+        r#"#{{ name: "depth", seed: 5, steps: 1, runs_dir: "{runs}",
+             model: #{{ path: "{r}/models/tiny" }},
+             env: #{{ train: "{panel}", test: "{r}/envs/household/test.jsonl", max_steps: 4 }},
+             guidance: #{{ script: "{script}", clusters: 2 }},
+             rollout: #{{ tasks_per_step: 2, group_size: 2 }},
+             evaluation: #{{ every: 0, max_tasks: 1 }}, checkpoint: #{{ every: 0 }} }}"#,
+        runs = tmp.path().join("runs").display(),
+        panel = panel.display(),
+        script = script.display(),
+        r = r.display(),
+    );
+    let exp = Experiment::from_source("x.rhai", &src).unwrap();
+    let s = experiment::run(exp, &RunOptions::default(), &mut |_| {}).unwrap();
+    let m = metrics(&s.run_dir);
+    let l = &m[0];
+    assert_eq!(l["planned_depth_mean"], 3.0, "{l}");
+    assert_eq!(l["depth_mean"], 0.0, "{l}");
+    for (_, ratio) in l["depth_ratio_by_cluster"].as_object().unwrap() {
+        assert_eq!(ratio.as_f64(), Some(0.0), "{l}");
+    }
+    let depths: Vec<u64> = l["depths_by_cluster"]
+        .as_object()
+        .unwrap()
+        .values()
+        .flat_map(|d| d.as_array().unwrap().iter().map(|x| x.as_u64().unwrap()))
+        .collect();
+    assert_eq!(depths, vec![0; 4], "{l}");
+    // Each stopped prefix is counted and logged with its task.
+    assert_eq!(l["expert_inadmissible"], 4, "{l}");
+    let errs = std::fs::read_to_string(s.run_dir.join("env_errors.jsonl")).unwrap();
+    let inadmissible: Vec<Value> = errs
+        .lines()
+        .map(|x| serde_json::from_str::<Value>(x).unwrap())
+        .filter(|e| {
+            e["error"]
+                .as_str()
+                .unwrap()
+                .contains("teleport to the moon")
+        })
+        .collect();
+    assert_eq!(inadmissible.len(), 4, "{errs}");
+    assert!(inadmissible.iter().all(|e| e["task"]
+        .as_str()
+        .is_some_and(|t| t.starts_with("household-train-"))));
+}

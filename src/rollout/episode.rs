@@ -80,6 +80,13 @@ pub struct Episode {
     /// episode.
     pub hints: usize,
     pub stopped: bool,
+    /// Expert actions of the executed prefix the env ran: `spec.prefix`
+    /// unless the prefix stopped early (an inadmissible expert action, an
+    /// env failure, the episode's end). An `expert()` episode's trajectory
+    /// is off-policy turns, not a prefix: 0. A metric only; nothing trains
+    /// on it.
+    #[serde(default)]
+    pub prefix_executed: usize,
     /// Every action taken, executed prefix included.
     pub actions: Vec<String>,
     /// How many reference actions the episode reproduced in order from the
@@ -154,6 +161,7 @@ impl<'a> Live<'a> {
                 engine_failed: false,
                 hints: 0,
                 stopped: false,
+                prefix_executed: 0,
                 actions: Vec::new(),
                 expert_match: 0,
                 info: Default::default(),
@@ -248,6 +256,9 @@ impl<'a> Live<'a> {
             };
             match self.env.step(a) {
                 Ok(obs) => {
+                    if !expert_ep {
+                        self.ep.prefix_executed += 1;
+                    }
                     if let Some((prompt_ids, action_ids, state)) = record {
                         self.ep.turns.push(Turn {
                             prompt_ids,

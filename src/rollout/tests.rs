@@ -182,14 +182,14 @@ fn env_limit_counts_policy_actions_on_top_of_the_prefix() {
     assert_eq!(opts(8, Some(0)).env_limit(3, 3), 3 + 1);
 }
 
-#[test]
-fn an_inadmissible_expert_action_is_neither_executed_nor_recorded() {
+/// One episode of household test task 0, with its expert action `bogus`
+/// replaced by one the env does not know, under a planned prefix of 3.
+fn episode_with_inadmissible_expert(bogus: usize) -> (Task, Episode) {
     let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let mut task =
         crate::env::panel::read_jsonl(&root.join("envs/household/test.jsonl")).unwrap()[0].clone();
     assert!(task.expert.len() >= 3);
-    // The second expert action is one the env does not know.
-    task.expert[1] = "teleport to the moon".into();
+    task.expert[bogus] = "teleport to the moon".into();
     let tok = crate::tiny::tiny_tokenizer().unwrap();
     let cfg = crate::tiny::tiny_config(tok.vocab_size());
     let policy = Policy::new_random(
@@ -210,8 +210,15 @@ fn an_inadmissible_expert_action_is_neither_executed_nor_recorded() {
         },
     }];
     let mut rng = crate::seed::rng(7, &[3]);
-    let (eps, _) = run(&policy, &tok, &household, &reqs, &o, &mut rng, None).unwrap();
-    let ep = &eps[0];
+    let (mut eps, _) = run(&policy, &tok, &household, &reqs, &o, &mut rng, None).unwrap();
+    let ep = eps.pop().unwrap();
+    (task, ep)
+}
+
+#[test]
+fn an_inadmissible_expert_action_is_neither_executed_nor_recorded() {
+    // The second expert action is one the env does not know.
+    let (task, ep) = episode_with_inadmissible_expert(1);
     assert_eq!(
         ep.expert_inadmissible.as_deref(),
         Some("teleport to the moon")
@@ -223,6 +230,20 @@ fn an_inadmissible_expert_action_is_neither_executed_nor_recorded() {
     let prefix: Vec<&Turn> = ep.turns.iter().filter(|t| t.prefix).collect();
     assert_eq!(prefix.len(), 1);
     assert_eq!(prefix[0].action, task.expert[0]);
+    assert_eq!((ep.spec.prefix, ep.prefix_executed), (3, 1));
+}
+
+#[test]
+fn a_prefix_stopped_at_its_first_expert_action_executed_nothing() {
+    let (_, ep) = episode_with_inadmissible_expert(0);
+    assert_eq!(
+        ep.expert_inadmissible.as_deref(),
+        Some("teleport to the moon")
+    );
+    // Planned 3, executed none: the policy acted from the start.
+    assert_eq!((ep.spec.prefix, ep.prefix_executed), (3, 0));
+    assert!(!ep.turns.iter().any(|t| t.prefix));
+    assert!(ep.policy_turns > 0);
 }
 
 #[test]

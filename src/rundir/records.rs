@@ -103,8 +103,11 @@ pub struct StepLine {
     /// Success of the first review round's rollouts.
     pub success_round0: Option<f64>,
     pub guided_frac: Option<f64>,
-    /// Mean executed expert prefix.
+    /// Mean executed expert prefix: the expert actions the env ran, fewer
+    /// than planned when a prefix stopped early.
     pub depth_mean: Option<f64>,
+    /// Mean planned expert prefix (the guidance's resolved `prefix`).
+    pub planned_depth_mean: Option<f64>,
     #[serde(default, deserialize_with = "number_map")]
     pub depth_ratio_by_cluster: BTreeMap<String, f64>,
     /// Guidance depth of every trained rollout (executed prefix, else

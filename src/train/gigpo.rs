@@ -231,6 +231,7 @@ mod tests {
             engine_failed: false,
             hints: 0,
             stopped: false,
+            prefix_executed: 0,
             actions: vec![],
             expert_match: 0,
             expert_inadmissible: None,

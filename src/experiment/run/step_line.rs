@@ -54,7 +54,8 @@ pub(super) fn step_line(
         guided_frac: Some(round(mean_of(episodes, |e| {
             f64::from(u8::from(e.spec.is_guided()))
         }))),
-        depth_mean: Some(round(mean_of(episodes, |e| e.spec.prefix as f64))),
+        depth_mean: Some(round(mean_of(episodes, |e| e.prefix_executed as f64))),
+        planned_depth_mean: Some(round(mean_of(episodes, |e| e.spec.prefix as f64))),
         depth_ratio_by_cluster: means(depth_ratio),
         depths_by_cluster: depths,
         plan_k_mean: Some(round(mean_of(episodes, |e| e.spec.plan as f64))),
@@ -136,7 +137,9 @@ pub(super) fn step_line(
 
 /// Per cluster: the executed prefix over the expert length of every trained
 /// rollout, and its guidance depth (executed prefix, else plan k) — the
-/// report draws that distribution over time.
+/// report draws that distribution over time. Executed, not planned: a
+/// prefix that stopped early (an inadmissible expert action) guided the
+/// rollout only as far as it ran.
 fn depths_by_cluster(
     tasks: &[&Task],
     episodes: &[Episode],
@@ -150,9 +153,9 @@ fn depths_by_cluster(
         ratio
             .entry(c.clone())
             .or_default()
-            .push(e.spec.prefix as f64 / len);
+            .push(e.prefix_executed as f64 / len);
         let d = if e.spec.prefix > 0 {
-            e.spec.prefix
+            e.prefix_executed
         } else {
             e.spec.plan
         };
