@@ -255,6 +255,55 @@ fn comparison_entries_are_checked() {
 }
 
 #[test]
+fn a_comparison_checks_every_entry_before_the_first_one_trains() {
+    let r = root().display().to_string();
+    let missing = format!("{r}/scripts/guidance/no_such_script.rhai");
+    for (bad, cause) in [
+        (
+            format!(r#"guidance: #{{ script: "{missing}" }}"#),
+            missing.clone(),
+        ),
+        (
+            format!(r#"guidance: #{{ script: "{r}/tests/scripts/broken/syntax.rhai" }}"#),
+            "syntax.rhai".to_string(),
+        ),
+        (
+            format!(r#"guidance: #{{ reward: "{missing}" }}"#),
+            missing.clone(),
+        ),
+        (
+            format!(r#"env: #{{ test: "{r}/envs/household/no_such_panel.jsonl" }}"#),
+            "no_such_panel.jsonl".to_string(),
+        ),
+        (
+            format!(r#"model: #{{ path: "{r}/models/no_such_model" }}"#),
+            "no_such_model".to_string(),
+        ),
+    ] {
+        let tmp = tempfile::tempdir().unwrap();
+        let src = source(
+            tmp.path(),
+            1,
+            &format!(r#"#{{ name: "fine" }}, #{{ name: "bad", {bad} }}"#),
+        );
+        let ExperimentFile::Compare(c) = ExperimentFile::from_source("cmp.rhai", &src).unwrap()
+        else {
+            panic!("a compare file is a comparison")
+        };
+        let e = experiment::run_comparison(&c, &RunOptions::default(), 1, &|_, _| {})
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("compare entry \"bad\": ") && e.contains(&cause),
+            "{bad}: {e}"
+        );
+        // Found before anything ran: not even the comparison's directory
+        // (so no run directory of the first entry) exists.
+        assert!(!tmp.path().join("cmp").exists(), "{bad}");
+    }
+}
+
+#[test]
 fn probe_walks_the_expert_trajectory_and_is_deterministic() {
     let tmp = tempfile::tempdir().unwrap();
     let ExperimentFile::Compare(c) =

@@ -9,8 +9,10 @@ use std::sync::Mutex;
 
 use serde_json::json;
 
+use crate::env::panel;
 use crate::experiment::config::Comparison;
-use crate::experiment::run::{run, Event, RunError, RunOptions, RunSummary};
+use crate::experiment::policies;
+use crate::experiment::run::{open_scripts, run, Event, RunError, RunOptions, RunSummary};
 use crate::rundir::{fresh_dir, write_atomic};
 
 /// The manifest of a comparison directory.
@@ -27,7 +29,9 @@ pub struct ComparisonSummary {
 }
 
 /// Run every entry of `cmp`, each into `<dir>/<entry name>`, then write
-/// the comparison report to `<dir>/report`. `jobs` entries run at once
+/// the comparison report to `<dir>/report`. Every entry is checked first
+/// ([`check_entries`]): nothing is created when one cannot start. `jobs`
+/// entries run at once
 /// (each on its own thread pool with an equal share of the cores; a run's
 /// numbers do not depend on its thread count); `on_event` gets each event
 /// with its entry's name. `opts.stop_after` (steps per run) is for smoke
@@ -40,6 +44,7 @@ pub fn run_comparison(
     jobs: usize,
     on_event: &(dyn Fn(&str, Event) + Sync),
 ) -> Result<ComparisonSummary, RunError> {
+    check_entries(cmp)?;
     let dir = fresh_dir(&Path::new(&cmp.runs_dir).join(&cmp.name), COMPARISON_FILE);
     std::fs::create_dir_all(&dir).map_err(RunError::io(&dir))?;
     let names: Vec<&str> = cmp.runs.iter().map(|e| e.name.as_str()).collect();
@@ -70,6 +75,31 @@ pub fn run_comparison(
         runs,
         report: Some(out),
     })
+}
+
+/// Open what every entry names, with the loaders its run uses, creating
+/// nothing: its panels, its model's config and tokenizer
+/// ([`policies::open`]), its scripts (compiled). A comparison trains its
+/// entries one after another for hours; a missing or broken file in a
+/// late entry would otherwise surface only when that entry starts. The
+/// error names the first entry (in list order) that cannot start.
+pub fn check_entries(cmp: &Comparison) -> Result<(), RunError> {
+    for exp in &cmp.runs {
+        let check = || -> Result<(), RunError> {
+            // Read only: a panel without expert actions is filled by its
+            // env when the run starts, which may launch the env's server.
+            panel::read_jsonl(Path::new(&exp.env.train))?;
+            panel::read_jsonl(Path::new(&exp.env.test))?;
+            policies::open(exp)?;
+            open_scripts(exp, None)?;
+            Ok(())
+        };
+        check().map_err(|e| RunError::Entry {
+            entry: exp.name.clone(),
+            source: Box::new(e),
+        })?;
+    }
+    Ok(())
 }
 
 /// Run the entries, `jobs` at a time; entry i's result lands in slot i

@@ -80,6 +80,14 @@ pub enum RunError {
     /// A checkpoint's optimiser or script state does not fit the run.
     #[error("{}: {msg}", checkpoint.display())]
     Resume { checkpoint: PathBuf, msg: String },
+    /// An entry of a comparison cannot start (found before any entry
+    /// runs).
+    #[error("compare entry \"{entry}\": {source}")]
+    Entry {
+        entry: String,
+        #[source]
+        source: Box<RunError>,
+    },
     /// A comparison's report.
     #[error("{}: {source}", out.display())]
     Report {

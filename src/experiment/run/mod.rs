@@ -43,6 +43,7 @@ use evaluate::{run_eval, tb_write};
 pub use ranks::serve_worker;
 pub use reload::ReloadFailure;
 use reload::{log_reload, reload_if_edited};
+pub(crate) use setup::open_scripts;
 use views::task_view;
 
 /// How to run.

@@ -210,7 +210,10 @@ fn hooks(exp: &Experiment) -> [(Role, Option<String>); 2] {
 /// The guidance host with its scripts: on resume, the versions that were
 /// active at the checkpoint (their saved copies), still following the
 /// experiment's files for hot reload.
-fn open_scripts(exp: &Experiment, resumed: Option<&Loaded>) -> Result<GuidanceHost, RunError> {
+pub(crate) fn open_scripts(
+    exp: &Experiment,
+    resumed: Option<&Loaded>,
+) -> Result<GuidanceHost, RunError> {
     let script_path = match resumed {
         Some(l) => PathBuf::from(&l.state.script_copy),
         None => PathBuf::from(&exp.guidance.script),
