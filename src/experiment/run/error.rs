@@ -67,7 +67,8 @@ pub enum RunError {
     /// step was logged or saved.
     #[error(
         "step {step}: {what} is {value}; training stopped (the last checkpoint \
-         holds the last good weights; lower trainer.lr or raise trainer.grad_clip)"
+         holds the last good weights; lower trainer.lr or raise trainer.grad_clip; at \
+         the first step of a run or a resume, check the weights it started from)"
     )]
     NonFinite {
         step: usize,

@@ -471,3 +471,39 @@ pub fn serve_worker(
 pub fn worker_program() -> Result<PathBuf, RunError> {
     std::env::current_exe().map_err(|e| RunError::Ranks(format!("cannot find this program: {e}")))
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_stopped_process_is_told_from_a_running_one() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let signal = |s: &str| {
+            std::process::Command::new("kill")
+                .args([s, &pid.to_string()])
+                .status()
+                .unwrap()
+        };
+        assert!(!super::stopped(pid));
+        assert!(signal("-STOP").success());
+        // The state changes once the kernel has delivered the signal.
+        let t0 = std::time::Instant::now();
+        while !super::stopped(pid) && t0.elapsed() < std::time::Duration::from_secs(5) {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(super::stopped(pid));
+        assert!(signal("-CONT").success());
+        let t0 = std::time::Instant::now();
+        while super::stopped(pid) && t0.elapsed() < std::time::Duration::from_secs(5) {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(!super::stopped(pid));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        // No such process: not stopped.
+        assert!(!super::stopped(u32::MAX));
+    }
+}
