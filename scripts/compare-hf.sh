@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Back-to-back CPU throughput of actguide and HF transformers (PyTorch) on
-# the same model, batches, lengths and threads: prints the table of the
-# README's throughput section, with ratios.
+# the same model, batches, lengths and threads: prints the throughput table
+# of docs/THROUGHPUT.md, with ratios.
 #
 #   scripts/compare-hf.sh [MODEL] [--batches 1,8,32] [--threads 2]
 #
