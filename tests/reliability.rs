@@ -24,6 +24,13 @@ fn actguide(args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// `actguide run --resume DIR --stop-after 1 --plain` with `extra` flags.
+fn resume(dir: &str, extra: &[&str]) -> Output {
+    let mut args = vec!["run", "--resume", dir, "--stop-after", "1", "--plain"];
+    args.extend(extra);
+    actguide(&args)
+}
+
 fn read_lines(p: &Path) -> Vec<Value> {
     std::fs::read_to_string(p)
         .unwrap_or_default()
@@ -165,7 +172,7 @@ fn a_resume_refuses_what_it_cannot_vouch_for_unless_accepted_knowingly() {
     e["seed"] = 99.into();
     e["rollout"]["group_size"] = 3.into();
     std::fs::write(&path, serde_json::to_string_pretty(&e).unwrap()).unwrap();
-    let out = actguide(&["run", "--resume", dir, "--stop-after", "1", "--plain"]);
+    let out = resume(dir, &[]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("rollout.group_size: 2 → 3"), "{err}");
@@ -173,15 +180,7 @@ fn a_resume_refuses_what_it_cannot_vouch_for_unless_accepted_knowingly() {
     assert!(err.contains("--accept-changed-config"), "{err}");
     assert_eq!(read_lines(&run.join("metrics.jsonl")).len(), 1);
     // Accepted knowingly: logged and recorded.
-    let out = actguide(&[
-        "run",
-        "--resume",
-        dir,
-        "--stop-after",
-        "1",
-        "--plain",
-        "--accept-changed-config",
-    ]);
+    let out = resume(dir, &["--accept-changed-config"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
     assert!(err.contains("resumed under changed settings"), "{err}");
@@ -197,7 +196,7 @@ fn a_resume_refuses_what_it_cannot_vouch_for_unless_accepted_knowingly() {
 
     // No SHA256SUMS: refused; accepted knowingly.
     std::fs::remove_file(run.join("checkpoints/step-000002/SHA256SUMS")).unwrap();
-    let out = actguide(&["run", "--resume", dir, "--stop-after", "1", "--plain"]);
+    let out = resume(dir, &[]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("no SHA256SUMS"), "{err}");
@@ -206,15 +205,7 @@ fn a_resume_refuses_what_it_cannot_vouch_for_unless_accepted_knowingly() {
     // resume step.
     let edited = std::fs::read_to_string(&script).unwrap() + "\n// edited while stopped\n";
     std::fs::write(&script, edited).unwrap();
-    let out = actguide(&[
-        "run",
-        "--resume",
-        dir,
-        "--stop-after",
-        "1",
-        "--plain",
-        "--accept-unverified",
-    ]);
+    let out = resume(dir, &["--accept-unverified"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
     let resumes = read_lines(&run.join("resumes.jsonl"));

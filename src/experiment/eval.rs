@@ -313,14 +313,13 @@ pub fn eval_checkpoint(
     spec.begin_step();
     let make = move |limit: usize| crate::env::make_env(&spec, limit);
     let n = o.samples.max(1);
-    let failures = std::cell::RefCell::new(Vec::<EnvFailure>::new());
-    // Successes and completed episodes per task; the env's failures are
-    // collected apart.
+    // Successes and completed episodes per task, and the env's failures.
+    type Tally = (Vec<usize>, Vec<usize>, Vec<EnvFailure>);
     let counts = |policy: &Policy,
                   opts: &RolloutOptions,
                   samples: usize,
                   label: &str|
-     -> Result<(Vec<usize>, Vec<usize>), RunError> {
+     -> Result<Tally, RunError> {
         let reqs: Vec<EpisodeRequest> = tasks
             .iter()
             .flat_map(|t| {
@@ -332,16 +331,16 @@ pub fn eval_checkpoint(
             .collect();
         let mut rng = seed::rng(o.seed, &[seed::label(label)]);
         let (eps, _) = rollout::run(policy, &tok, &make, &reqs, opts, &mut rng, None)?;
-        let (successes, attempts, failed) = tally(&tasks, &eps, samples);
-        failures.borrow_mut().extend(failed);
-        Ok((successes, attempts))
+        Ok(tally(&tasks, &eps, samples))
     };
-    let (sampled, attempts) = counts(&trained, &opts, n, "eval-sampled")?;
-    let (before, before_attempts) = counts(&initial, &opts, n, "eval-initial")?;
+    let (sampled, attempts, mut failures) = counts(&trained, &opts, n, "eval-sampled")?;
+    let (before, before_attempts, f) = counts(&initial, &opts, n, "eval-initial")?;
+    failures.extend(f);
     opts.greedy = true;
-    let (greedy, _) = counts(&trained, &opts, 1, "eval-greedy")?;
-    let (initial_greedy, _) = counts(&initial, &opts, 1, "eval-initial-greedy")?;
-    let failures = failures.into_inner();
+    let (greedy, _, f) = counts(&trained, &opts, 1, "eval-greedy")?;
+    failures.extend(f);
+    let (initial_greedy, _, f) = counts(&initial, &opts, 1, "eval-initial-greedy")?;
+    failures.extend(f);
     let per: Vec<TaskCounts> = tasks
         .iter()
         .enumerate()
