@@ -84,15 +84,24 @@ fn strings_in(v: &serde_json::Value, out: &mut Vec<String>) {
 }
 
 /// A tiny tokenizer for any env, external ones included, from its task
-/// panels: the words of every goal, expert action and `world` string, plus
-/// the prompt scaffold. (Observation words an env only shows at run time
-/// are not in a panel; the run names expert-action words it cannot encode.)
-pub fn tiny_tokenizer_from_panels(tasks: &[crate::env::Task]) -> Result<Tok, ModelError> {
+/// panels: the words of every goal, expert action and `world` string, of
+/// what the env showed while the panels were built (`seen`: observations
+/// and admissible actions, see [`crate::env::harvest::Seen`]), plus the
+/// prompt scaffold. (Words an env shows only off the expert's path are in
+/// neither; the run counts actions it cannot encode.)
+pub fn tiny_tokenizer_from_panels(
+    tasks: &[crate::env::Task],
+    seen: &[crate::env::harvest::Seen],
+) -> Result<Tok, ModelError> {
     let mut texts: Vec<String> = Vec::new();
     for t in tasks {
         texts.push(t.goal.clone());
         texts.extend(t.expert.iter().cloned());
         strings_in(&t.world, &mut texts);
+    }
+    for s in seen {
+        texts.extend(s.actions.iter().cloned());
+        texts.extend(s.words.iter().cloned());
     }
     let mut words: Vec<String> = SCAFFOLD_WORDS.iter().map(|s| s.to_string()).collect();
     for t in &texts {
@@ -106,9 +115,10 @@ pub fn tiny_tokenizer_from_panels(tasks: &[crate::env::Task]) -> Result<Tok, Mod
 /// Write a tiny card whose vocabulary comes from task panels into `out`.
 pub fn write_tiny_model_from_panels(
     tasks: &[crate::env::Task],
+    seen: &[crate::env::harvest::Seen],
     out: &Path,
 ) -> Result<(ModelConfig, usize), ModelError> {
-    write_card(&tiny_tokenizer_from_panels(tasks)?, out)
+    write_card(&tiny_tokenizer_from_panels(tasks, seen)?, out)
 }
 
 /// Write `tok` and the tiny config for its vocabulary into `out`.
@@ -170,16 +180,44 @@ mod tests {
             .unwrap()
             .unencodable_words(texts.clone())
             .is_empty());
-        let tok = tiny_tokenizer_from_panels(&tasks).unwrap();
+        let tok = tiny_tokenizer_from_panels(&tasks, &[]).unwrap();
         assert_eq!(tok.unencodable_words(texts), Vec::<String>::new());
         for w in SCAFFOLD_WORDS {
             assert!(tok.token_id(w).is_some(), "{w}");
         }
         let tmp = tempfile::tempdir().unwrap();
-        let (cfg, n) = write_tiny_model_from_panels(&tasks, tmp.path()).unwrap();
+        let (cfg, n) = write_tiny_model_from_panels(&tasks, &[], tmp.path()).unwrap();
         assert_eq!(cfg.vocab_size, n);
         let back = Tok::from_file(&tmp.path().join("tokenizer.json")).unwrap();
         assert_eq!(back.vocab_size(), n);
+    }
+
+    #[test]
+    fn what_the_env_showed_joins_the_panels_vocabulary() {
+        let tasks = panel::read_jsonl(&root().join("envs/shop/test.jsonl")).unwrap();
+        let mut seen = crate::env::harvest::Seen::default();
+        seen.record(
+            &crate::env::Observation {
+                text: "You stand in the Boudoir. On the vanity 2 you see a lip-liner.".into(),
+                admissible: vec!["take lip liner from vanity 2".into()],
+                done: false,
+                reward: 0.0,
+                success: false,
+                valid: true,
+                info: Default::default(),
+            },
+            "You carry a thimble.",
+        );
+        let shown = [
+            "take lip liner from vanity 2",
+            "you stand in the boudoir",
+            "lip-liner.",
+            "you carry a thimble",
+        ];
+        let bare = tiny_tokenizer_from_panels(&tasks, &[]).unwrap();
+        assert!(!bare.unencodable_words(shown).is_empty());
+        let tok = tiny_tokenizer_from_panels(&tasks, &[seen]).unwrap();
+        assert_eq!(tok.unencodable_words(shown), Vec::<String>::new());
     }
 
     #[test]

@@ -280,11 +280,13 @@ fn silent_and_unreachable_envs_time_out_with_a_clear_error() {
     let spec = EnvSpec {
         kind: EnvKind::Subprocess {
             command: vec!["sleep".into(), "30".into()],
+            expert: actguide::env::ExpertSource::Task,
         },
         limits,
         success_reward: 1.0,
         step_deadline: None,
         guard: Default::default(),
+        conns: Default::default(),
     };
     let t0 = Instant::now();
     let e = make_env(&spec, 5).reset(&task).err().unwrap().to_string();
@@ -301,12 +303,13 @@ fn silent_and_unreachable_envs_time_out_with_a_clear_error() {
         kind: EnvKind::Http {
             url: format!("http://127.0.0.1:{port}"),
             id_field: "id".into(),
-            expert_endpoint: false,
+            expert: actguide::env::ExpertSource::Panel,
         },
         limits,
         success_reward: 1.0,
         step_deadline: None,
         guard: Default::default(),
+        conns: Default::default(),
     };
     let e = make_env(&spec, 5).reset(&task).err().unwrap().to_string();
     assert!(
@@ -359,6 +362,7 @@ fn one_timeout_trips_the_step_and_the_deadline_cuts_every_wait() {
     let spec = EnvSpec {
         kind: EnvKind::Subprocess {
             command: vec!["sleep".into(), "30".into()],
+            expert: actguide::env::ExpertSource::Task,
         },
         limits: Limits {
             timeout: Duration::from_secs(20),
@@ -367,6 +371,7 @@ fn one_timeout_trips_the_step_and_the_deadline_cuts_every_wait() {
         success_reward: 1.0,
         step_deadline: Some(Duration::from_millis(400)),
         guard: StepGuard::default(),
+        conns: Default::default(),
     };
     spec.begin_step();
     // The deadline cuts the first wait (20 s) to what is left of 0.4 s,
@@ -401,7 +406,7 @@ fn one_timeout_trips_the_step_and_the_deadline_cuts_every_wait() {
         kind: EnvKind::Http {
             url: format!("http://{}", silent.local_addr().unwrap()),
             id_field: "id".into(),
-            expert_endpoint: false,
+            expert: actguide::env::ExpertSource::Panel,
         },
         ..spec
     };
@@ -537,6 +542,7 @@ fn tasks_from_server_rebuild_a_panel_over_http_and_stdio() {
                 "--protocol".into(),
                 "stdio".into(),
             ],
+            expert: actguide::env::ExpertSource::Task,
         },
         ..EnvSpec::builtin(actguide::env::BuiltinEnv::Household)
     };

@@ -245,7 +245,10 @@ proptest! {
             script.display()
         );
         let spec = EnvSpec {
-            kind: EnvKind::Subprocess { command: vec!["sh".into(), "-c".into(), sh] },
+            kind: EnvKind::Subprocess {
+                command: vec!["sh".into(), "-c".into(), sh],
+                expert: actguide::env::ExpertSource::Task,
+            },
             limits: actguide::env::external::Limits {
                 timeout: std::time::Duration::from_secs(5),
                 retries: 0,

@@ -355,7 +355,7 @@ fn a_tokenizer_missing_panel_words_is_named_and_its_actions_are_counted() {
         t.world = serde_json::from_str(&t.world.to_string().replace("fridge", "icebox")).unwrap();
     }
     let card = tmp.path().join("card");
-    actguide::tiny::write_tiny_model_from_panels(&tasks, &card).unwrap();
+    actguide::tiny::write_tiny_model_from_panels(&tasks, &[], &card).unwrap();
     let src = format!(
         r#"#{{ name: "unk", seed: 5, steps: 2, runs_dir: "{runs}",
              model: #{{ path: "{card}" }},

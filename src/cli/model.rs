@@ -21,7 +21,9 @@ pub struct InitTinyArgs {
     #[arg(long, default_value = "household")]
     env: BuiltinEnv,
     /// Build the vocabulary from task panels instead (any env, external
-    /// ones too: goals, expert actions and world texts); needs --out.
+    /// ones too: goals, expert actions and world texts, and what the env
+    /// showed while `tasks from-server` built the panel, from the
+    /// `.seen.json` file beside it); needs --out.
     #[arg(long = "panel", required = false)]
     panels: Vec<PathBuf>,
     /// Output folder (default: models/tiny, or models/tiny-<env>).
@@ -43,10 +45,21 @@ pub fn init_tiny(a: InitTinyArgs) -> Result<()> {
             anyhow::bail!("--panel needs --out DIR (the built-in cards stay as they are)");
         };
         let mut tasks = Vec::new();
+        let mut seen = Vec::new();
         for p in &a.panels {
             tasks.extend(actguide::env::panel::read_jsonl(p)?);
+            if let Some(s) = actguide::env::harvest::Seen::read_for(p)? {
+                println!(
+                    "{}: with the {} action(s) and {} word(s) the env showed ({})",
+                    p.display(),
+                    s.actions.len(),
+                    s.words.len(),
+                    actguide::env::harvest::Seen::path_for(p).display()
+                );
+                seen.push(s);
+            }
         }
-        let written = actguide::tiny::write_tiny_model_from_panels(&tasks, &out)?;
+        let written = actguide::tiny::write_tiny_model_from_panels(&tasks, &seen, &out)?;
         (out, written)
     };
     println!(

@@ -151,12 +151,15 @@ fn stats(a: StatsArgs) -> Result<()> {
             kind: EnvKind::Http {
                 url,
                 id_field: a.id_field,
-                expert_endpoint: false,
+                expert: Default::default(),
             },
             ..EnvSpec::builtin(a.env)
         },
         (None, false) => EnvSpec {
-            kind: EnvKind::Subprocess { command: a.command },
+            kind: EnvKind::Subprocess {
+                command: a.command,
+                expert: Default::default(),
+            },
             ..EnvSpec::builtin(a.env)
         },
         (None, true) => EnvSpec::builtin(a.env),
@@ -180,9 +183,17 @@ fn stats(a: StatsArgs) -> Result<()> {
 // Flags of `actguide tasks from-server`.
 #[derive(Args)]
 struct FromServerArgs {
-    /// An AgentGym-style HTTP env server (needs `GET /expert?id=`).
+    /// An AgentGym-style HTTP env server.
     #[arg(long, conflicts_with = "command", required_unless_present = "command")]
     url: Option<String>,
+    /// Where the env has each task's expert actions: `task` (http: `GET
+    /// /expert?id=<task id>`; stdio: the `expert` request with the task),
+    /// `instance` (after a reset to the task: `GET
+    /// /expert?<id-field>=<env id>`; stdio: `expert` without a task), or
+    /// `reset:<dotted path>`, a field of the reset reply (e.g.
+    /// `reset:info.extra.expert_plan`).
+    #[arg(long, default_value = "task")]
+    expert: actguide::env::ExpertSource,
     /// http: the server's id field ("id" or "env_idx").
     #[arg(long, default_value = "id")]
     id_field: String,
@@ -226,9 +237,12 @@ fn from_server(a: FromServerArgs) -> Result<()> {
         Some(url) => EnvKind::Http {
             url,
             id_field: a.id_field,
-            expert_endpoint: true,
+            expert: a.expert.clone(),
         },
-        None => EnvKind::Subprocess { command: a.command },
+        None => EnvKind::Subprocess {
+            command: a.command,
+            expert: a.expert.clone(),
+        },
     };
     anyhow::ensure!(
         a.timeout_s.is_finite() && a.timeout_s > 0.0,
@@ -277,6 +291,7 @@ fn from_server(a: FromServerArgs) -> Result<()> {
         seeds.len()
     );
     panel::write_jsonl(&a.out, &h.tasks)?;
+    let seen = h.seen.write_for(&a.out)?;
     println!(
         "wrote {} task(s) to {} ({} left out{})",
         h.tasks.len(),
@@ -287,6 +302,12 @@ fn from_server(a: FromServerArgs) -> Result<()> {
         } else {
             ", experts not replayed"
         }
+    );
+    println!(
+        "wrote the {} action(s) and {} word(s) the env showed to {} (init-tiny --panel reads it)",
+        h.seen.actions.len(),
+        h.seen.words.len(),
+        seen.display()
     );
     Ok(())
 }

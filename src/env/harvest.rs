@@ -1,17 +1,25 @@
 //! Building a task panel from an external env: each task's goal is read
 //! from the first observation the env shows for its world, its expert
-//! actions come from the env (a subprocess env's `expert` request, an
-//! http server's `GET /expert?id=`), its difficulty is their length, and
-//! the expert is replayed to check that it really solves the task.
+//! actions come from the env (where `env.expert` says: per task, or from
+//! an env instance reset to it), its difficulty is their length, and the
+//! expert is replayed to check that it really solves the task.
+//!
+//! What the env showed on the way (every observation, status and
+//! admissible action) is kept as [`Seen`], written beside the panel: a
+//! word-level vocabulary built from the panel alone misses the objects an
+//! env names only in its observations and action lists.
 //!
 //! Nothing is dropped silently: every task that could not be built (the
 //! env failed, no goal in the observation, an expert that does not
 //! succeed) is returned with the reason.
 
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
 use serde::{Deserialize, Serialize};
 
 use super::panel::PanelError;
-use super::{make_env, EnvError, EnvKind, EnvSpec, Task};
+use super::{make_env, EnvError, EnvKind, EnvSpec, ExpertSource, Observation, Task};
 
 /// One task to build: how to reset the env to it. A line of a worlds
 /// file: `{"id": "…", "world": {…}, "type": "…", "goal": "…"}` (`type`
@@ -96,17 +104,72 @@ pub struct Rejected {
     pub reason: String,
 }
 
-/// The built panel and the tasks left out.
+/// The built panel, the tasks left out, and what the env showed.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Harvest {
     pub tasks: Vec<Task>,
     pub rejected: Vec<Rejected>,
+    pub seen: Seen,
+}
+
+/// What an env showed while a panel was built from it: every admissible
+/// action it listed, and the words (whitespace-separated, as shown) of
+/// every observation and status. Kept beside the panel
+/// ([`Seen::path_for`]) for `init-tiny --panel` and the run's encoding
+/// check.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Seen {
+    pub actions: BTreeSet<String>,
+    pub words: BTreeSet<String>,
+}
+
+impl Seen {
+    /// The file beside `panel`: `train.jsonl` → `train.seen.json`.
+    pub fn path_for(panel: &Path) -> PathBuf {
+        panel.with_extension("seen.json")
+    }
+
+    /// Record one observation (its text and actions) and a status line.
+    pub fn record(&mut self, obs: &Observation, status: &str) {
+        self.actions.extend(obs.admissible.iter().cloned());
+        for text in [obs.text.as_str(), status] {
+            self.words.extend(text.split_whitespace().map(String::from));
+        }
+    }
+
+    /// The file beside `panel`, if there is one.
+    pub fn read_for(panel: &Path) -> Result<Option<Seen>, PanelError> {
+        let path = Self::path_for(panel);
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(source) => return Err(PanelError::Io { path, source }),
+        };
+        serde_json::from_str(&text)
+            .map(Some)
+            .map_err(|e| PanelError::Parse {
+                path,
+                line: e.line(),
+                msg: e.to_string(),
+            })
+    }
+
+    /// Write it beside `panel`; returns the path.
+    pub fn write_for(&self, panel: &Path) -> Result<PathBuf, PanelError> {
+        let path = Self::path_for(panel);
+        let text = serde_json::to_string_pretty(self).expect("strings serialise");
+        std::fs::write(&path, text + "\n").map_err(|source| PanelError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        Ok(path)
+    }
 }
 
 /// Build a panel from the env `spec` reaches, one task per seed, in order.
 /// Errors only when the env cannot supply expert actions at all (a
-/// built-in env, or an http server without `expert_endpoint`); each task's
-/// own failures are in [`Harvest::rejected`].
+/// built-in env, or an external one whose expert source is the panel);
+/// each task's own failures are in [`Harvest::rejected`].
 pub fn harvest(
     spec: &EnvSpec,
     seeds: &[TaskSeed],
@@ -120,12 +183,16 @@ pub fn harvest(
             )))
         }
         EnvKind::Http {
-            expert_endpoint: false,
+            expert: ExpertSource::Panel,
+            ..
+        }
+        | EnvKind::Subprocess {
+            expert: ExpertSource::Panel,
             ..
         } => {
             return Err(EnvError::Other(
-                "an http env supplies expert actions only through `GET /expert?id=`: \
-                 say that the server has it (--expert-endpoint)"
+                "the env must supply the expert actions: say where it has them \
+                 (--expert task, instance or reset:<field>)"
                     .into(),
             ))
         }
@@ -133,7 +200,7 @@ pub fn harvest(
     }
     let mut out = Harvest::default();
     for seed in seeds {
-        match build_one(spec, seed, o) {
+        match build_one(spec, seed, o, &mut out.seen) {
             Ok(t) => out.tasks.push(t),
             Err(reason) => out.rejected.push(Rejected {
                 id: seed.id.clone(),
@@ -146,7 +213,12 @@ pub fn harvest(
 
 /// One task: goal from the first observation, expert from the env,
 /// checked by replay.
-fn build_one(spec: &EnvSpec, seed: &TaskSeed, o: &HarvestOptions) -> Result<Task, String> {
+fn build_one(
+    spec: &EnvSpec,
+    seed: &TaskSeed,
+    o: &HarvestOptions,
+    seen: &mut Seen,
+) -> Result<Task, String> {
     let mut task = Task {
         id: seed.id.clone(),
         task_type: seed.task_type.clone(),
@@ -155,9 +227,12 @@ fn build_one(spec: &EnvSpec, seed: &TaskSeed, o: &HarvestOptions) -> Result<Task
         expert: Vec::new(),
         difficulty: 0,
     };
-    let first = make_env(spec, 1)
-        .reset(&task)
-        .map_err(|e| format!("reset: {e}"))?;
+    let first = {
+        let mut env = make_env(spec, 1);
+        let first = env.reset(&task).map_err(|e| format!("reset: {e}"))?;
+        seen.record(&first, &env.status());
+        first
+    };
     task.goal = goal_of(&first.text, &o.goal_after)
         .or_else(|| (!seed.goal.is_empty()).then(|| seed.goal.clone()))
         .ok_or_else(|| {
@@ -174,7 +249,7 @@ fn build_one(spec: &EnvSpec, seed: &TaskSeed, o: &HarvestOptions) -> Result<Task
     }
     task.difficulty = task.expert.len();
     if o.verify {
-        replay(spec, &task, o.slack)?;
+        replay(spec, &task, o.slack, seen)?;
     }
     Ok(task)
 }
@@ -190,9 +265,10 @@ pub fn goal_of(observation: &str, marker: &str) -> Option<String> {
 
 /// Replay the expert: every action must be admissible (when the env
 /// lists actions) and the last must end the episode with success.
-fn replay(spec: &EnvSpec, task: &Task, slack: usize) -> Result<(), String> {
+fn replay(spec: &EnvSpec, task: &Task, slack: usize, seen: &mut Seen) -> Result<(), String> {
     let mut env = make_env(spec, task.expert.len() + slack);
     let mut obs = env.reset(task).map_err(|e| format!("replay reset: {e}"))?;
+    seen.record(&obs, &env.status());
     for (i, a) in task.expert.iter().enumerate() {
         if !obs.admissible.is_empty() && !obs.admissible.contains(a) {
             return Err(format!("expert action {} ({a:?}) is not admissible", i + 1));
@@ -203,6 +279,7 @@ fn replay(spec: &EnvSpec, task: &Task, slack: usize) -> Result<(), String> {
         obs = env
             .step(a)
             .map_err(|e| format!("replay step {}: {e}", i + 1))?;
+        seen.record(&obs, &env.status());
     }
     if obs.done && obs.success {
         Ok(())
@@ -236,7 +313,7 @@ mod tests {
     }
 
     #[test]
-    fn built_in_envs_and_http_without_experts_are_refused() {
+    fn built_in_envs_and_external_ones_without_experts_are_refused() {
         let e = harvest(
             &EnvSpec::builtin(crate::env::BuiltinEnv::Household),
             &[],
@@ -248,11 +325,11 @@ mod tests {
             kind: EnvKind::Http {
                 url: "http://127.0.0.1:9".into(),
                 id_field: "id".into(),
-                expert_endpoint: false,
+                expert: ExpertSource::Panel,
             },
             ..EnvSpec::builtin(crate::env::BuiltinEnv::Household)
         };
         let e = harvest(&spec, &[], &HarvestOptions::default()).unwrap_err();
-        assert!(e.to_string().contains("--expert-endpoint"), "{e}");
+        assert!(e.to_string().contains("--expert task"), "{e}");
     }
 }

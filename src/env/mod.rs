@@ -18,7 +18,7 @@ pub use kind::{
     generate_panels, random_policy_success, BuiltinEnv, CannotGenerate, EnvKindName, GenerateError,
     UnknownEnv,
 };
-pub use spec::{fill_experts, make_env, EnvKind, EnvSpec};
+pub use spec::{fill_experts, make_env, EnvKind, EnvSpec, ExpertSource};
 
 use serde::{Deserialize, Serialize};
 

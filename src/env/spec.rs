@@ -15,13 +15,94 @@ pub enum EnvKind {
     Http {
         url: String,
         id_field: String,
-        /// Ask `GET /expert?id=` for tasks without expert actions.
-        expert_endpoint: bool,
+        /// Where tasks without expert actions get them.
+        expert: ExpertSource,
     },
     /// A program speaking `envs/PROTOCOL.md` on stdin/stdout.
     Subprocess {
         command: Vec<String>,
+        /// Where tasks without expert actions get them.
+        expert: ExpertSource,
     },
+}
+
+/// Where an external env's expert actions come from, for tasks whose panel
+/// line has none (`env.expert`; `tasks from-server --expert`). Envs that
+/// know the gold path per task answer before any reset; game engines that
+/// compute it for the game they loaded know it only per env instance.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum ExpertSource {
+    /// Nowhere: the panel must carry them (an http env's default:
+    /// AgentGym's API has no expert route).
+    #[default]
+    Panel,
+    /// Per task, before any reset: http `GET /expert?id=<task id>`, stdio
+    /// `{"op": "expert", "task": TASK}` (a subprocess env's default).
+    Task,
+    /// Per env instance, after a reset to the task: http `GET
+    /// /expert?<id_field>=<env id>`, stdio `{"op": "expert"}` (no task).
+    Instance,
+    /// A field of the reset reply, as a dotted path (`info.extra.expert_plan`;
+    /// a key that itself holds dots, like ALFWorld's `extra.expert_plan`,
+    /// is matched whole).
+    ResetField(String),
+}
+
+impl ExpertSource {
+    /// The setting's text form: `panel`, `task`, `instance` or
+    /// `reset:<path>`.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s {
+            "panel" => Ok(ExpertSource::Panel),
+            "task" => Ok(ExpertSource::Task),
+            "instance" => Ok(ExpertSource::Instance),
+            _ => match s.strip_prefix("reset:") {
+                Some(path) if !path.is_empty() && !path.split('.').any(str::is_empty) => {
+                    Ok(ExpertSource::ResetField(path.to_string()))
+                }
+                _ => Err(format!(
+                    "expert source {s:?}: expected \"panel\", \"task\", \"instance\" or \
+                     \"reset:<dotted path>\" (e.g. \"reset:info.extra.expert_plan\")"
+                )),
+            },
+        }
+    }
+
+    /// The text form [`ExpertSource::parse`] reads.
+    pub fn name(&self) -> String {
+        match self {
+            ExpertSource::Panel => "panel".into(),
+            ExpertSource::Task => "task".into(),
+            ExpertSource::Instance => "instance".into(),
+            ExpertSource::ResetField(p) => format!("reset:{p}"),
+        }
+    }
+}
+
+impl std::str::FromStr for ExpertSource {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        ExpertSource::parse(s)
+    }
+}
+
+impl serde::Serialize for ExpertSource {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.name())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for ExpertSource {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        ExpertSource::parse(&s).map_err(serde::de::Error::custom)
+    }
+}
+
+impl std::fmt::Display for ExpertSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name())
+    }
 }
 
 /// An env kind with its connection limits.
@@ -38,6 +119,9 @@ pub struct EnvSpec {
     /// Shared by every env built from this spec: the step deadline and the
     /// timeout breaker ([`external::StepGuard`]).
     pub guard: external::StepGuard,
+    /// Shared by every env built from this spec: the cap on requests in
+    /// flight and the envs left open ([`external::Connections`]).
+    pub conns: external::Connections,
 }
 
 impl EnvSpec {
@@ -48,6 +132,7 @@ impl EnvSpec {
             success_reward: 1.0,
             step_deadline: None,
             guard: external::StepGuard::default(),
+            conns: external::Connections::default(),
         }
     }
 }
@@ -66,10 +151,10 @@ pub fn make_env(spec: &EnvSpec, max_steps: usize) -> Box<dyn Env> {
         EnvKind::Builtin(k) => k.env(max_steps),
         EnvKind::Http { url, id_field, .. } => Box::new(StepLimit::new(
             external::http::HttpEnv::new(url, id_field, spec.limits, spec.success_reward)
-                .with_guard(spec.guard.clone()),
+                .with_shared(spec.guard.clone(), spec.conns.clone()),
             max_steps,
         )),
-        EnvKind::Subprocess { command } => Box::new(StepLimit::new(
+        EnvKind::Subprocess { command, .. } => Box::new(StepLimit::new(
             external::subprocess::SubprocessEnv::new(
                 command.clone(),
                 spec.limits,
@@ -82,31 +167,63 @@ pub fn make_env(spec: &EnvSpec, max_steps: usize) -> Box<dyn Env> {
 }
 
 /// Asks an env for one task's expert actions.
-type ExpertFn = dyn FnMut(&Task) -> Result<Vec<String>, EnvError>;
+type ExpertFn<'a> = dyn FnMut(&Task) -> Result<Vec<String>, EnvError> + 'a;
 
-/// Fill in missing expert actions by asking the env: a subprocess env's
-/// `expert` request, or an http server's `GET /expert?id=` when
-/// `env.expert_endpoint` says it has one (AgentGym's API has none, so
-/// those panels must carry them).
+/// Fill in missing expert actions by asking the env where `env.expert`
+/// says (see [`ExpertSource`]): per task, or from an env instance reset to
+/// the task (its reset reply's field, or its expert request after the
+/// reset). Returns how many tasks were filled.
 pub fn fill_experts(spec: &EnvSpec, tasks: &mut [Task]) -> Result<usize, EnvError> {
-    let mut ask: Box<ExpertFn> = match &spec.kind {
-        EnvKind::Subprocess { command } => {
-            let mut env = external::subprocess::SubprocessEnv::new(
-                command.clone(),
-                spec.limits,
-                spec.success_reward,
-            );
-            Box::new(move |t| env.expert(t))
+    let mut ask: Box<ExpertFn<'_>> = match &spec.kind {
+        EnvKind::Subprocess { command, expert } => {
+            let new = || {
+                external::subprocess::SubprocessEnv::new(
+                    command.clone(),
+                    spec.limits,
+                    spec.success_reward,
+                )
+            };
+            match expert {
+                ExpertSource::Panel => return Ok(0),
+                ExpertSource::Task => {
+                    let mut env = new();
+                    Box::new(move |t| env.expert(t))
+                }
+                src => {
+                    let src = src.clone();
+                    Box::new(move |t| {
+                        let mut env = new();
+                        env.reset(t)?;
+                        env.instance_expert(&src)
+                    })
+                }
+            }
         }
         EnvKind::Http {
             url,
             id_field,
-            expert_endpoint: true,
+            expert,
         } => {
-            let env = external::http::HttpEnv::new(url, id_field, spec.limits, spec.success_reward);
-            Box::new(move |t| env.expert(t))
+            let new =
+                || external::http::HttpEnv::new(url, id_field, spec.limits, spec.success_reward);
+            match expert {
+                ExpertSource::Panel => return Ok(0),
+                ExpertSource::Task => {
+                    let env = new();
+                    Box::new(move |t| env.expert(t))
+                }
+                src => {
+                    let src = src.clone();
+                    Box::new(move |t| {
+                        // Closed when dropped, after the answer.
+                        let mut env = new();
+                        env.reset(t)?;
+                        env.instance_expert(&src)
+                    })
+                }
+            }
         }
-        _ => return Ok(0),
+        EnvKind::Builtin(_) => return Ok(0),
     };
     let mut n = 0;
     for t in tasks.iter_mut().filter(|t| t.expert.is_empty()) {

@@ -10,8 +10,11 @@
 
 use serde_json::{json, Map, Value};
 
+use std::time::{Duration, Instant};
+
+use super::connections::{self, dropped, not_sent, Connections, LeftOpen};
 use super::{check_error, err, field, strings, Limits, StepGuard};
-use crate::env::{Env, EnvError, Observation, Task};
+use crate::env::{Env, EnvError, ExpertSource, Observation, Task};
 
 /// The client end of an AgentGym env server.
 pub struct HttpEnv {
@@ -21,16 +24,38 @@ pub struct HttpEnv {
     success_reward: f64,
     agent: ureq::Agent,
     env_id: Option<Value>,
+    /// The last reset's reply (an instance's expert may be in it).
+    reset_reply: Option<Value>,
+    /// The task of the last reset (named if the env is left open).
+    task: String,
     guard: StepGuard,
+    conns: Connections,
+}
+
+/// A failed request: the error, and whether the request may have reached
+/// the server.
+struct Failed {
+    error: EnvError,
+    sent: bool,
+}
+
+impl Failed {
+    fn sent(error: EnvError) -> Self {
+        Failed { error, sent: true }
+    }
+    fn not_sent(error: EnvError) -> Self {
+        Failed { error, sent: false }
+    }
 }
 
 impl HttpEnv {
     pub fn new(url: &str, id_field: &str, limits: Limits, success_reward: f64) -> Self {
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .timeout_global(Some(limits.timeout))
-            .http_status_as_error(false)
-            .build()
-            .into();
+        let agent = connections::agent(
+            ureq::Agent::config_builder()
+                .timeout_global(Some(limits.timeout))
+                .http_status_as_error(false)
+                .build(),
+        );
         HttpEnv {
             base: url.trim_end_matches('/').to_string(),
             id_field: id_field.to_string(),
@@ -38,13 +63,18 @@ impl HttpEnv {
             success_reward,
             agent,
             env_id: None,
+            reset_reply: None,
+            task: String::new(),
             guard: StepGuard::default(),
+            conns: Connections::default(),
         }
     }
 
-    /// Share a run's step guard (deadline and timeout breaker).
-    pub fn with_guard(mut self, guard: StepGuard) -> Self {
+    /// Share a run's step guard (deadline and timeout breaker) and its
+    /// connection state (cap on requests in flight, envs left open).
+    pub fn with_shared(mut self, guard: StepGuard, conns: Connections) -> Self {
         self.guard = guard;
+        self.conns = conns;
         self
     }
 
@@ -54,40 +84,86 @@ impl HttpEnv {
 
     /// One request; `body` None is a GET. Non-JSON replies, HTTP errors
     /// and `{"error": …}` are errors.
-    fn call(&self, path: &str, body: Option<Value>) -> Result<Value, EnvError> {
+    fn call(&self, path: &str, body: Option<Value>) -> Result<Value, Failed> {
         let url = format!("{}/{path}", self.base);
         let op = path.split('?').next().unwrap_or(path);
-        let wait = self.wait(op)?;
-        let resp = match body {
-            Some(b) => self
-                .agent
+        self.send(op, |agent, wait| match &body {
+            Some(b) => agent
                 .post(&url)
                 .config()
                 .timeout_global(Some(wait))
                 .build()
-                .send_json(&b),
-            None => self
-                .agent
+                .send_json(b),
+            None => agent
                 .get(&url)
                 .config()
                 .timeout_global(Some(wait))
                 .build()
                 .call(),
-        };
-        self.reply(op, resp)
+        })
     }
 
     /// `GET /<op>?<key>=<value>` (the value percent-encoded).
-    fn call_query(&self, op: &str, key: &str, value: &str) -> Result<Value, EnvError> {
+    fn call_query(&self, op: &str, key: &str, value: &str) -> Result<Value, Failed> {
         let url = format!("{}/{op}", self.base);
-        let wait = self.wait(op)?;
-        let req = self.agent.get(&url).query(key, value);
-        self.reply(op, req.config().timeout_global(Some(wait)).build().call())
+        self.send(op, |agent, wait| {
+            agent
+                .get(&url)
+                .query(key, value)
+                .config()
+                .timeout_global(Some(wait))
+                .build()
+                .call()
+        })
+    }
+
+    /// Send one request under the step guard's wait and the shared cap on
+    /// requests in flight; a refused or reset connection is counted
+    /// against the cap.
+    fn send(
+        &self,
+        op: &str,
+        request: impl FnOnce(
+            &ureq::Agent,
+            Duration,
+        ) -> Result<ureq::http::Response<ureq::Body>, ureq::Error>,
+    ) -> Result<Value, Failed> {
+        let wait = self.wait(op).map_err(Failed::sent)?;
+        let started = Instant::now();
+        let Some(_slot) = self.conns.slot(wait) else {
+            return Err(Failed::not_sent(err(
+                &self.name(),
+                op,
+                format!(
+                    "no request slot within {:.1} s (at most {} in flight after resets)",
+                    wait.as_secs_f64(),
+                    self.conns.cap().unwrap_or(0)
+                ),
+            )));
+        };
+        let wait = wait
+            .saturating_sub(started.elapsed())
+            .max(Duration::from_millis(1));
+        match request(&self.agent, wait) {
+            Ok(resp) => self.reply(op, resp).map_err(Failed::sent),
+            Err(e) => {
+                if dropped(&e) {
+                    self.conns.dropped(&self.base);
+                }
+                let before = not_sent(&e);
+                let e = self.failed(op, e);
+                Err(if before {
+                    Failed::not_sent(e)
+                } else {
+                    Failed::sent(e)
+                })
+            }
+        }
     }
 
     /// The time request `op` may wait for its reply, or why it may not be
     /// sent (see [`StepGuard`]).
-    fn wait(&self, op: &str) -> Result<std::time::Duration, EnvError> {
+    fn wait(&self, op: &str) -> Result<Duration, EnvError> {
         self.guard
             .wait(self.limits.timeout)
             .map_err(|why| err(&self.name(), op, why))
@@ -98,10 +174,9 @@ impl HttpEnv {
     fn reply(
         &self,
         op: &str,
-        resp: Result<ureq::http::Response<ureq::Body>, ureq::Error>,
+        mut resp: ureq::http::Response<ureq::Body>,
     ) -> Result<Value, EnvError> {
         let name = self.name();
-        let mut resp = resp.map_err(|e| self.failed(op, e))?;
         let status = resp.status();
         let text = resp.body_mut().read_to_string().map_err(|e| match e {
             ureq::Error::Timeout(_) => self.failed(op, e),
@@ -133,12 +208,17 @@ impl HttpEnv {
 
     /// Repeat a request that is safe to repeat.
     fn call_retrying(&self, path: &str, body: Option<Value>) -> Result<Value, EnvError> {
-        self.retrying(|| self.call(path, body.clone()))
+        self.retrying(true, || self.call(path, body.clone()))
     }
 
     /// `request` until it succeeds, at most `retries` more times, backing
-    /// off a little more each time.
-    fn retrying(&self, request: impl Fn() -> Result<Value, EnvError>) -> Result<Value, EnvError> {
+    /// off a little more each time. With `any` false only failures before
+    /// the request was sent are repeated (a `step` may have been applied).
+    fn retrying(
+        &self,
+        any: bool,
+        request: impl Fn() -> Result<Value, Failed>,
+    ) -> Result<Value, EnvError> {
         let mut last = None;
         for attempt in 0..=self.limits.retries {
             if attempt > 0 {
@@ -147,11 +227,17 @@ impl HttpEnv {
                 if self.guard.wait(self.limits.timeout).is_err() {
                     break;
                 }
-                std::thread::sleep(std::time::Duration::from_millis(100 * attempt as u64));
+                std::thread::sleep(Duration::from_millis(100 << (attempt - 1).min(5)));
             }
             match request() {
                 Ok(v) => return Ok(v),
-                Err(e) => last = Some(e),
+                Err(f) => {
+                    let again = any || !f.sent;
+                    last = Some(f.error);
+                    if !again {
+                        break;
+                    }
+                }
             }
         }
         Err(last.expect("at least one attempt"))
@@ -174,14 +260,39 @@ impl HttpEnv {
     /// servers have no such route; servers that know the gold paths can
     /// offer it (`actguide serve-env --protocol http --panel P` does).
     pub fn expert(&self, task: &Task) -> Result<Vec<String>, EnvError> {
-        let v = self.retrying(|| self.call_query("expert", "id", &task.id))?;
-        let list = v.get("expert").or_else(|| v.get("actions"));
-        if !list.is_some_and(Value::is_array) {
-            return Err(err(
+        let v = self.retrying(true, || self.call_query("expert", "id", &task.id))?;
+        Self::expert_list(&self.name(), &v)
+    }
+
+    /// The expert actions of the task this env was last reset to: a field
+    /// of the reset reply, or `GET /expert?<id_field>=<env id>` (a reply
+    /// `{"expert": [...]}` or `{"actions": [...]}`).
+    pub fn instance_expert(&self, src: &ExpertSource) -> Result<Vec<String>, EnvError> {
+        let (Some(id), Some(reply)) = (&self.env_id, &self.reset_reply) else {
+            return Err(err(&self.name(), "expert", "no env reset to the task"));
+        };
+        match src {
+            ExpertSource::ResetField(path) => super::expert_at(&self.name(), reply, path),
+            ExpertSource::Instance => {
+                let q = match id {
+                    Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                };
+                let v = self.retrying(true, || self.call_query("expert", &self.id_field, &q))?;
+                Self::expert_list(&self.name(), &v)
+            }
+            other => Err(err(
                 &self.name(),
                 "expert",
-                "the reply has no `expert` array",
-            ));
+                format!("expert source {other} is not per env instance"),
+            )),
+        }
+    }
+
+    fn expert_list(name: &str, v: &Value) -> Result<Vec<String>, EnvError> {
+        let list = v.get("expert").or_else(|| v.get("actions"));
+        if !list.is_some_and(Value::is_array) {
+            return Err(err(name, "expert", "the reply has no `expert` array"));
         }
         Ok(strings(list))
     }
@@ -194,25 +305,39 @@ impl HttpEnv {
             Value::String(s) => s.clone(),
             other => other.to_string(),
         };
-        self.call(&format!("available_actions?{}={q}", self.id_field), None)
-            .map(|a| match a {
-                Value::Array(_) => strings(Some(&a)),
-                other => strings(other.get("available_actions")),
-            })
-            .unwrap_or_default()
+        self.retrying(false, || {
+            self.call(&format!("available_actions?{}={q}", self.id_field), None)
+        })
+        .map(|a| match a {
+            Value::Array(_) => strings(Some(&a)),
+            other => strings(other.get("available_actions")),
+        })
+        .unwrap_or_default()
     }
 }
 
 impl Drop for HttpEnv {
     /// Best effort: a server without `/close`, or one that is gone, costs
     /// one failed request. After a timeout this step (the step guard) no
-    /// close is sent: a hung server would cost one timeout per env.
+    /// close is sent now (a hung server would cost one timeout per env):
+    /// the env is kept in the shared [`Connections`], and the run closes
+    /// it at the end of the step or lists it in `env_errors.jsonl`.
     fn drop(&mut self) {
-        if let Some(id) = self.env_id.take() {
-            let mut body = Map::new();
-            body.insert(self.id_field.clone(), id);
-            let _ = self.call("close", Some(Value::Object(body)));
+        let Some(id) = self.env_id.take() else {
+            return;
+        };
+        if self.guard.wait(self.limits.timeout).is_err() {
+            self.conns.left_open(LeftOpen {
+                base: self.base.clone(),
+                id_field: self.id_field.clone(),
+                id,
+                task: std::mem::take(&mut self.task),
+            });
+            return;
         }
+        let mut body = Map::new();
+        body.insert(self.id_field.clone(), id);
+        let _ = self.call("close", Some(Value::Object(body)));
     }
 }
 
@@ -230,7 +355,9 @@ impl Env for HttpEnv {
             }
         };
         body.insert(self.id_field.clone(), id.clone());
+        self.task = task.id.clone();
         let v = self.call_retrying("reset", Some(Value::Object(body)))?;
+        self.reset_reply = Some(v.clone());
         let name = self.name();
         let text = match v.get("observation").or_else(|| v.get("state")) {
             Some(Value::String(s)) => s.clone(),
@@ -262,8 +389,10 @@ impl Env for HttpEnv {
         let mut body = Map::new();
         body.insert(self.id_field.clone(), id.clone());
         body.insert("action".into(), json!(action));
-        // A step is never repeated: the server may have applied it.
-        let v = self.call("step", Some(Value::Object(body)))?;
+        // A step is repeated only when it was never sent: the server may
+        // have applied it.
+        let body = Value::Object(body);
+        let v = self.retrying(false, || self.call("step", Some(body.clone())))?;
         let mut obs = super::step_observation(&self.name(), &v, self.success_reward)?;
         if v.get("available_actions").is_none() && !obs.done {
             obs.admissible = self.actions_if_missing(&v, &id);

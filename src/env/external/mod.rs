@@ -10,6 +10,7 @@
 //! request: the runner fails that one episode with the reason and the run
 //! goes on.
 
+pub mod connections;
 pub mod guard;
 pub mod http;
 pub mod serve;
@@ -22,6 +23,7 @@ use serde_json::Value;
 
 use crate::env::{EnvError, Observation};
 
+pub use connections::Connections;
 pub use guard::StepGuard;
 
 /// Version of the subprocess protocol (`hello` handshake).
@@ -93,6 +95,44 @@ pub(crate) fn strings(v: Option<&Value>) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// The value at a dotted `path` in `v`: each step takes the longest key
+/// that matches (so ALFWorld's `info` key `extra.expert_plan` is found by
+/// `info.extra.expert_plan` as well as a nested `extra` → `expert_plan`).
+pub(crate) fn at_path<'a>(v: &'a Value, path: &str) -> Option<&'a Value> {
+    if let Some(x) = v.get(path) {
+        return Some(x);
+    }
+    let m = v.as_object()?;
+    // Split points from the longest key prefix to the shortest.
+    path.match_indices('.')
+        .map(|(i, _)| i)
+        .rev()
+        .find_map(|i| at_path(m.get(&path[..i])?, &path[i + 1..]))
+}
+
+/// The expert actions at `path` of a reset reply: a list of strings, or
+/// an error naming what is there instead.
+pub(crate) fn expert_at(env: &str, reply: &Value, path: &str) -> Result<Vec<String>, EnvError> {
+    match at_path(reply, path) {
+        Some(Value::Array(a)) if a.iter().all(Value::is_string) => {
+            Ok(strings(Some(&Value::Array(a.clone()))))
+        }
+        Some(other) => Err(err(
+            env,
+            "reset",
+            format!(
+                "`{path}` of the reset reply is not a list of actions: {}",
+                short(other)
+            ),
+        )),
+        None => Err(err(
+            env,
+            "reset",
+            format!("the reset reply has no `{path}`: {}", short(reply)),
+        )),
+    }
+}
+
 /// At most 200 characters of a value, for error messages.
 pub(crate) fn short(v: &Value) -> String {
     short_text(&v.to_string())
@@ -157,4 +197,33 @@ pub(crate) fn step_observation(
             })
             .unwrap_or_default(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn dotted_paths_find_nested_keys_and_keys_holding_dots() {
+        let nested = json!({"info": {"extra": {"expert_plan": ["go to a", "take b"]}}});
+        let dotted = json!({"info": {"extra.expert_plan": ["go to a"]}, "x": 1});
+        assert_eq!(
+            expert_at("e", &nested, "info.extra.expert_plan").unwrap(),
+            ["go to a", "take b"]
+        );
+        assert_eq!(
+            expert_at("e", &dotted, "info.extra.expert_plan").unwrap(),
+            ["go to a"]
+        );
+        let e = expert_at("e", &dotted, "info.plan")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("has no `info.plan`"), "{e}");
+        let e = expert_at("e", &dotted, "x").unwrap_err().to_string();
+        assert!(
+            e.contains("`x` of the reset reply is not a list of actions: 1"),
+            "{e}"
+        );
+    }
 }

@@ -11,7 +11,7 @@ use std::sync::mpsc::{channel, Receiver, RecvTimeoutError};
 use serde_json::{json, Value};
 
 use super::{check_error, err, field, strings, Limits, StepGuard, PROTOCOL_VERSION};
-use crate::env::{Env, EnvError, Observation, Task};
+use crate::env::{Env, EnvError, ExpertSource, Observation, Task};
 
 /// The client end of a subprocess env.
 pub struct SubprocessEnv {
@@ -21,6 +21,8 @@ pub struct SubprocessEnv {
     proc: Option<Proc>,
     next_id: u64,
     status: String,
+    /// The last reset's reply (an instance's expert may be in it).
+    reset_reply: Option<Value>,
     guard: StepGuard,
 }
 
@@ -49,6 +51,7 @@ impl SubprocessEnv {
             proc: None,
             next_id: 0,
             status: String::new(),
+            reset_reply: None,
             guard: StepGuard::default(),
         }
     }
@@ -202,6 +205,32 @@ impl SubprocessEnv {
     }
 }
 
+impl SubprocessEnv {
+    /// The expert actions of the task this env was last reset to: a field
+    /// of the reset reply, or `{"op": "expert"}` (no task) to the process
+    /// that holds the reset game.
+    pub fn instance_expert(&mut self, src: &ExpertSource) -> Result<Vec<String>, EnvError> {
+        let name = self.name();
+        let Some(reply) = &self.reset_reply else {
+            return Err(err(&name, "expert", "no env reset to the task"));
+        };
+        match src {
+            ExpertSource::ResetField(path) => super::expert_at(&name, reply, path),
+            ExpertSource::Instance => {
+                // Not retried: a fresh process would not hold the game.
+                let v = self.request("expert", json!({ "op": "expert" }))?;
+                field(&name, "expert", &v, "actions")?;
+                Ok(strings(v.get("actions")))
+            }
+            other => Err(err(
+                &name,
+                "expert",
+                format!("expert source {other} is not per env instance"),
+            )),
+        }
+    }
+}
+
 fn truncate(s: &str) -> String {
     let cut: String = s.chars().take(200).collect();
     if cut.len() < s.len() {
@@ -227,6 +256,7 @@ impl Env for SubprocessEnv {
             match self.request("reset", json!({ "op": "reset", "task": task })) {
                 Ok(v) => {
                     let name = self.name();
+                    self.reset_reply = Some(v.clone());
                     let text = field(&name, "reset", &v, "observation")?
                         .as_str()
                         .ok_or_else(|| err(&name, "reset", "`observation` is not a string"))?

@@ -122,9 +122,17 @@ pub struct EnvSection {
     #[serde(default)]
     pub id_field: IdField,
     /// http: the server answers `GET /expert?id=<task id>` with the task's
-    /// expert actions (asked for tasks whose panel line has none).
+    /// expert actions (asked for tasks whose panel line has none); the
+    /// same as `expert: "task"`.
     #[serde(default)]
     pub expert_endpoint: bool,
+    /// External envs: where tasks whose panel line has no expert actions
+    /// get them: "task" (per task, before a reset), "instance" (from an
+    /// env reset to the task), "reset:<dotted path>" (a field of the reset
+    /// reply, e.g. "reset:info.extra.expert_plan") or "panel" (nowhere).
+    /// Default: "task" for subprocess envs, "panel" for http ones.
+    #[serde(default)]
+    pub expert: Option<crate::env::ExpertSource>,
     /// subprocess: the program and its arguments.
     #[serde(default)]
     pub command: Vec<String>,
@@ -188,15 +196,20 @@ fn d_success_reward() -> f64 {
 impl EnvSection {
     /// The env spec the runner builds envs from.
     pub fn spec(&self) -> crate::env::EnvSpec {
-        use crate::env::{external::Limits, EnvKind, EnvKindName, EnvSpec};
+        use crate::env::{external::Limits, EnvKind, EnvKindName, EnvSpec, ExpertSource};
         let kind = match self.kind {
             EnvKindName::Http => EnvKind::Http {
                 url: self.url.clone().unwrap_or_default(),
                 id_field: self.id_field.as_str().to_string(),
-                expert_endpoint: self.expert_endpoint,
+                expert: self.expert.clone().unwrap_or(if self.expert_endpoint {
+                    ExpertSource::Task
+                } else {
+                    ExpertSource::Panel
+                }),
             },
             EnvKindName::Subprocess => EnvKind::Subprocess {
                 command: self.command.clone(),
+                expert: self.expert.clone().unwrap_or(ExpertSource::Task),
             },
             EnvKindName::Builtin(k) => EnvKind::Builtin(k),
         };
@@ -211,6 +224,7 @@ impl EnvSection {
                 self.step_deadline_s.clamp(0.001, 1e9),
             )),
             guard: Default::default(),
+            conns: Default::default(),
         }
     }
 }
@@ -488,29 +502,45 @@ fn check_rollout(file: &str, r: &RolloutSection) -> Result<(), ConfigError> {
 fn check_env(file: &str, source: &str, e: &EnvSection) -> Result<(), ConfigError> {
     use crate::env::EnvKindName;
     let kind = e.kind;
+    let at = |key: &str, msg: String| -> ConfigError {
+        match load::locate_key(source, &["env".into(), key.into()]) {
+            (0, 0) => invalid(file, &msg),
+            (line, col) => ConfigError::Field {
+                file: file.into(),
+                line,
+                col,
+                msg,
+            },
+        }
+    };
     let foreign = |key: &str, set: bool, owner: &str| -> Result<(), ConfigError> {
         if !set {
             return Ok(());
         }
-        let msg = format!(
-            "env.{key} belongs to env.kind \"{owner}\"; this env is \"{}\", which would ignore it",
-            kind.name()
-        );
-        Err(
-            match load::locate_key(source, &["env".into(), key.into()]) {
-                (0, 0) => invalid(file, &msg),
-                (line, col) => ConfigError::Field {
-                    file: file.into(),
-                    line,
-                    col,
-                    msg,
-                },
-            },
-        )
+        Err(at(
+            key,
+            format!(
+                "env.{key} belongs to env.kind \"{owner}\"; this env is \"{}\", which would ignore it",
+                kind.name()
+            ),
+        ))
     };
     if kind != EnvKindName::Http {
         foreign("url", e.url.is_some(), "http")?;
         foreign("expert_endpoint", e.expert_endpoint, "http")?;
+    }
+    if matches!(kind, EnvKindName::Builtin(_)) {
+        foreign("expert", e.expert.is_some(), "http\" or \"subprocess")?;
+    }
+    if let Some(x) = e
+        .expert
+        .as_ref()
+        .filter(|x| e.expert_endpoint && **x != crate::env::ExpertSource::Task)
+    {
+        return Err(at(
+            "expert_endpoint",
+            format!("env.expert_endpoint means env.expert \"task\", but env.expert is \"{x}\": keep one"),
+        ));
     }
     if kind != EnvKindName::Subprocess {
         foreign("command", !e.command.is_empty(), "subprocess")?;

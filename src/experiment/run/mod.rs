@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::env::{make_env, Env, Task};
+use crate::env::{make_env, Env, EnvSpec, Task};
 use crate::experiment::config::Experiment;
 use crate::guidance::host::Role;
 use crate::guidance::{Clusters, GuidanceHost};
@@ -363,6 +363,7 @@ pub fn run(
     if start_step == 0 && !ctx.evals.iter().any(|(s, _)| *s == 0) {
         spec.begin_step();
         run_eval(&mut ctx, 0, &make, on_event)?;
+        settle_envs(&ctx, &spec, 0, Some("test"), on_event)?;
     }
     let _stepping = Stepping::raise(opts.stepping.clone());
     let mut totals = Totals::default();
@@ -375,6 +376,7 @@ pub fn run(
         }
         spec.begin_step();
         let line = step::train_step(&mut ctx, step, &make, on_event)?;
+        settle_envs(&ctx, &spec, step, None, on_event)?;
         totals.add(&line);
         let v = ctx.dir.append(&line)?;
         tb_write(&mut ctx, step, "train", &v)?;
@@ -388,6 +390,7 @@ pub fn run(
         if step == steps || (every > 0 && step % every == 0) {
             spec.begin_step();
             run_eval(&mut ctx, step, &make, on_event)?;
+            settle_envs(&ctx, &spec, step, Some("test"), on_event)?;
         }
         let ck = ctx.exp.checkpoint.every;
         // An interrupt stops here, with a checkpoint off the schedule too.
@@ -480,6 +483,45 @@ fn save_checkpoint(ctx: &Ctx, step: usize) -> Result<PathBuf, RunError> {
         &ctx.policy,
         &ctx.trainer,
     )
+}
+
+/// After a step or an evaluation (`eval`: its panel): the notice of a
+/// lowered cap on env requests in flight, once; and the envs whose `close`
+/// was skipped this step (after a timeout) closed now, or, where that
+/// fails too, listed in `env_errors.jsonl` so none stays alive unnoticed.
+fn settle_envs(
+    ctx: &Ctx,
+    spec: &EnvSpec,
+    step: usize,
+    eval: Option<&str>,
+    on_event: &mut dyn FnMut(Event),
+) -> Result<(), RunError> {
+    if let Some(note) = spec.conns.take_notice() {
+        on_event(Event::Log(format!("run: {note}")));
+    }
+    let wait = spec.limits.timeout.min(std::time::Duration::from_secs(5));
+    let open = spec.conns.close_left_open(wait);
+    if let Some((first, why)) = open.first() {
+        on_event(Event::Log(format!(
+            "run: {} env(s) whose close was skipped after a timeout could not be closed \
+             (env_errors.jsonl), e.g. {} of task {}: {why}",
+            open.len(),
+            first.id,
+            first.task
+        )));
+    }
+    for (env, why) in open {
+        ctx.dir.append(&crate::rundir::EnvErrorLine {
+            step: Some(step),
+            task: Some(env.task),
+            error: Some(format!(
+                "env {} ({}={}) left open: {why}",
+                env.base, env.id_field, env.id
+            )),
+            eval: eval.map(String::from),
+        })?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

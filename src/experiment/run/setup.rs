@@ -101,6 +101,7 @@ fn open(
             }
         ));
     }
+    warnings.extend(unencodable_shown_actions(&exp, &tok)?);
     let (policy, mut trainer) = policy_and_trainer(&exp, &src, resumed.as_ref(), &device)?;
     let mut host = open_scripts(&exp, resumed.as_ref())?;
     let scripts = match &resumed {
@@ -147,6 +148,43 @@ fn open(
         scripts.start_step,
         warnings,
     ))
+}
+
+/// A warning per panel whose env showed admissible actions the tokenizer
+/// cannot encode (the `.seen.json` file `tasks from-server` writes beside
+/// a panel): the policy could not name what those actions name.
+pub(super) fn unencodable_shown_actions(
+    exp: &Experiment,
+    tok: &crate::model::Tok,
+) -> Result<Vec<String>, RunError> {
+    use crate::env::harvest::Seen;
+    let mut out = Vec::new();
+    let mut panels = vec![&exp.env.train];
+    if exp.env.test != exp.env.train {
+        panels.push(&exp.env.test);
+    }
+    for panel in panels {
+        let path = Path::new(panel);
+        let Some(seen) = Seen::read_for(path)? else {
+            continue;
+        };
+        let bad: Vec<&String> = seen
+            .actions
+            .iter()
+            .filter(|a| !tok.unencodable_words([a.as_str()]).is_empty())
+            .collect();
+        if let Some(first) = bad.first() {
+            out.push(format!(
+                "the tokenizer cannot encode {} of the {} admissible action(s) the env showed \
+                 while {panel} was built ({}), e.g. {first:?}: the policy cannot choose them; \
+                 build the card with them (actguide init-tiny --panel {panel} --out DIR)",
+                bad.len(),
+                seen.actions.len(),
+                Seen::path_for(path).display(),
+            ));
+        }
+    }
+    Ok(out)
 }
 
 /// The train and test panels (with expert actions a subprocess env
