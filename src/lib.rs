@@ -38,6 +38,7 @@
 pub mod bench;
 pub mod bench_model;
 pub mod bench_rollouts;
+pub mod children;
 pub mod device_check;
 pub mod distributed;
 pub mod engine;

@@ -141,11 +141,18 @@ fn tiny_with_reference(dir: &Path) -> (PathBuf, PathBuf) {
 }
 
 fn engine_exp(runs: &Path, gguf: &Path, program: &Path, count: usize, steps: usize) -> Experiment {
-    let r = root().display().to_string();
     Experiment::from_source(
         "engine.rhai",
-        &format!(
-            r#"#{{
+        &engine_src(runs, gguf, program, count, steps),
+    )
+    .expect("valid experiment")
+}
+
+/// The experiment file of [`engine_exp`].
+fn engine_src(runs: &Path, gguf: &Path, program: &Path, count: usize, steps: usize) -> String {
+    let r = root().display().to_string();
+    format!(
+        r#"#{{
                 name: "engine", seed: 3, steps: {steps}, runs_dir: "{runs}",
                 model: #{{ path: "{g}", lora: #{{ rank: 4, alpha: 8.0 }} }},
                 env: #{{ train: "{r}/envs/household/train.jsonl", test: "{r}/envs/household/test.jsonl", max_steps: 3 }},
@@ -159,12 +166,10 @@ fn engine_exp(runs: &Path, gguf: &Path, program: &Path, count: usize, steps: usi
                 evaluation: #{{ every: 0, max_tasks: 1, samples: 1 }},
                 checkpoint: #{{ every: 0 }},
             }}"#,
-            runs = runs.display(),
-            g = gguf.display(),
-            p = program.display(),
-        ),
+        runs = runs.display(),
+        g = gguf.display(),
+        p = program.display(),
     )
-    .expect("valid experiment")
 }
 
 fn metrics(run_dir: &Path) -> Vec<Value> {
@@ -213,6 +218,81 @@ fn rollouts_on_launched_servers_match_the_trainers_log_probs_across_syncs() {
     assert!(m.iter().all(|l| l["grad_norm"].as_f64().unwrap() > 0.0));
     assert!(s.run_dir.join("engine/policy-v000003.gguf").is_file());
     assert!(!s.run_dir.join("engine/policy-v000001.gguf").exists());
+}
+
+/// Whether process `pid` exists and is not a zombie (a dead child not yet
+/// reaped).
+fn alive(pid: u64) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        s.rsplit(')')
+            .next()
+            .and_then(|r| r.split_whitespace().next())
+            != Some("Z")
+    })
+}
+
+/// The processes whose parent is `pid` (/proc).
+fn children_of(pid: u32) -> Vec<u64> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u64>().ok())
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/stat")).is_ok_and(|s| {
+                s.rsplit(')')
+                    .next()
+                    .and_then(|r| r.split_whitespace().nth(1))
+                    == Some(&pid.to_string())
+            })
+        })
+        .collect()
+}
+
+#[test]
+fn a_run_killed_with_sigkill_takes_its_launched_servers_with_it() {
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+    let tmp = tempfile::tempdir().unwrap();
+    let (gguf, prog) = tiny_with_reference(tmp.path());
+    let runs = tmp.path().join("runs");
+    let exp = tmp.path().join("engine.rhai");
+    std::fs::write(&exp, engine_src(&runs, &gguf, &prog, 2, 50)).unwrap();
+    let mut run = Command::new(env!("CARGO_BIN_EXE_actguide"))
+        .arg("run")
+        .arg(&exp)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Wait for the first step's line: the servers are up and in use.
+    let run_dir = runs.join("engine");
+    let t0 = Instant::now();
+    while std::fs::read_to_string(run_dir.join("metrics.jsonl")).map_or(0, |t| t.lines().count())
+        == 0
+    {
+        assert!(run.try_wait().unwrap().is_none(), "the run ended early");
+        assert!(t0.elapsed() < Duration::from_secs(240), "no step in 4 min");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let v: Value = serde_json::from_str(
+        &std::fs::read_to_string(run_dir.join("engine/servers.json")).unwrap(),
+    )
+    .unwrap();
+    let pids: Vec<u64> = v["pids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p.as_u64().unwrap())
+        .collect();
+    assert_eq!(pids.len(), 2);
+    assert!(pids.iter().all(|&p| alive(p)), "{pids:?}");
+    run.kill().unwrap(); // SIGKILL: no destructor runs
+    run.wait().unwrap();
+    let t0 = Instant::now();
+    while pids.iter().any(|&p| alive(p)) && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let left: Vec<u64> = pids.iter().copied().filter(|&p| alive(p)).collect();
+    assert!(left.is_empty(), "servers left running: {left:?}");
 }
 
 #[test]

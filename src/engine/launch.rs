@@ -83,8 +83,8 @@ impl Launched {
             .create(true)
             .append(true)
             .open(self.dir.join(format!("server-{i}.log")))?;
-        let child = Command::new(&self.program)
-            .arg("-m")
+        let mut cmd = Command::new(&self.program);
+        cmd.arg("-m")
             .arg(gguf)
             .args(["--host", "127.0.0.1", "--port"])
             .arg(self.ports[i].to_string())
@@ -97,8 +97,10 @@ impl Launched {
             .args(&self.args)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
+            .stderr(log);
+        // Killed with the run, however the run ends (a SIGKILLed run runs
+        // no destructor).
+        let child = crate::children::spawn(cmd)
             .map_err(|e| EngineError::Setup(format!("starting {}: {e}", self.program)))?;
         self.children[i] = Some(child);
         Ok(())

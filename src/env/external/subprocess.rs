@@ -72,13 +72,13 @@ impl SubprocessEnv {
             .command
             .split_first()
             .ok_or_else(|| err(&name, "start", "empty command"))?;
-        let mut child = Command::new(prog)
-            .args(args)
+        let mut cmd = Command::new(prog);
+        cmd.args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .map_err(|e| err(&name, "start", e))?;
+            .stderr(Stdio::inherit());
+        // Killed with the run, however the run ends.
+        let mut child = crate::children::spawn(cmd).map_err(|e| err(&name, "start", e))?;
         let stdin = child.stdin.take().expect("piped stdin");
         let stdout = child.stdout.take().expect("piped stdout");
         let (tx, rx) = channel();

@@ -168,7 +168,8 @@ impl Ranks {
             if resumed {
                 p.arg("--resume");
             }
-            let child = p.spawn().map_err(|e| {
+            // Killed with rank 0, however it ends.
+            let child = crate::children::spawn(p).map_err(|e| {
                 RunError::Ranks(format!("cannot start rank {rank} ({}): {e}", exe.display()))
             })?;
             workers.push(child);
