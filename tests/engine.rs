@@ -273,20 +273,27 @@ fn a_run_killed_with_sigkill_takes_its_launched_servers_with_it() {
         assert!(t0.elapsed() < Duration::from_secs(240), "no step in 4 min");
         std::thread::sleep(Duration::from_millis(100));
     }
-    let v: Value = serde_json::from_str(
-        &std::fs::read_to_string(run_dir.join("engine/servers.json")).unwrap(),
-    )
-    .unwrap();
-    let pids: Vec<u64> = v["pids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| p.as_u64().unwrap())
-        .collect();
-    assert_eq!(pids.len(), 2);
-    assert!(pids.iter().all(|&p| alive(p)), "{pids:?}");
+    let servers = || -> Vec<u64> {
+        let v: Value = serde_json::from_str(
+            &std::fs::read_to_string(run_dir.join("engine/servers.json")).unwrap(),
+        )
+        .unwrap();
+        v["pids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(Value::as_u64)
+            .collect()
+    };
+    assert_eq!(servers().len(), 2);
+    // The run's children just before the kill (servers restart after
+    // every step, so servers.json alone may miss a pair being started),
+    // and the pids servers.json names after it.
+    let mut pids = children_of(run.id());
+    assert!(pids.len() >= 2, "{pids:?}");
     run.kill().unwrap(); // SIGKILL: no destructor runs
     run.wait().unwrap();
+    pids.extend(servers());
     let t0 = Instant::now();
     while pids.iter().any(|&p| alive(p)) && t0.elapsed() < Duration::from_secs(10) {
         std::thread::sleep(Duration::from_millis(50));
