@@ -351,39 +351,79 @@ mod tests {
         assert!(c.slot(Duration::from_millis(20)).is_some());
     }
 
+    /// A transport that records what it is asked to send.
+    #[derive(Debug)]
+    struct Recording {
+        bufs: ureq::unversioned::transport::LazyBuffers,
+        sent: Arc<Mutex<Vec<Vec<u8>>>>,
+    }
+
+    impl Transport for Recording {
+        fn buffers(&mut self) -> &mut dyn Buffers {
+            &mut self.bufs
+        }
+        fn transmit_output(&mut self, amount: usize, _: NextTimeout) -> Result<(), ureq::Error> {
+            let out = self.bufs.output()[..amount].to_vec();
+            self.sent.lock().unwrap().push(out);
+            Ok(())
+        }
+        fn await_input(&mut self, _: NextTimeout) -> Result<bool, ureq::Error> {
+            Ok(false)
+        }
+        fn is_open(&mut self) -> bool {
+            true
+        }
+    }
+
     #[test]
     fn a_request_goes_out_in_one_write_and_a_refused_connection_is_not_sent() {
-        // A server that reads once: it sees the whole request in that one
-        // read only if head and body came in one write.
+        let sent = Arc::new(Mutex::new(Vec::new()));
+        let mut t = OneWrite {
+            inner: Box::new(Recording {
+                bufs: ureq::unversioned::transport::LazyBuffers::new(64, 8),
+                sent: sent.clone(),
+            }),
+            pending: Vec::new(),
+        };
+        // ureq writes the head, then the body, each into the output buffer.
+        for part in ["POST /step HTTP/1.1\r\n\r\n", "{\"a\":1}"] {
+            for chunk in part.as_bytes().chunks(8) {
+                t.buffers().output()[..chunk.len()].copy_from_slice(chunk);
+                t.transmit_output(chunk.len(), NextTimeout::default())
+                    .unwrap();
+            }
+        }
+        assert!(
+            sent.lock().unwrap().is_empty(),
+            "nothing leaves before the reply is awaited"
+        );
+        t.await_input(NextTimeout::default()).unwrap();
+        let sent = sent.lock().unwrap().concat();
+        assert_eq!(
+            String::from_utf8(sent).unwrap(),
+            "POST /step HTTP/1.1\r\n\r\n{\"a\":1}"
+        );
+        // With an output buffer as large as the request, it is one write.
+        let one = Arc::new(Mutex::new(Vec::new()));
+        let mut t = OneWrite {
+            inner: Box::new(Recording {
+                bufs: ureq::unversioned::transport::LazyBuffers::new(64, 4096),
+                sent: one.clone(),
+            }),
+            pending: Vec::new(),
+        };
+        for part in ["POST /step HTTP/1.1\r\n\r\n", "{\"a\":1}"] {
+            t.buffers().output()[..part.len()].copy_from_slice(part.as_bytes());
+            t.transmit_output(part.len(), NextTimeout::default())
+                .unwrap();
+        }
+        t.maybe_await_input(NextTimeout::default()).unwrap();
+        assert_eq!(one.lock().unwrap().len(), 1);
+
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = l.local_addr().unwrap().port();
-        let server = std::thread::spawn(move || {
-            let (mut s, _) = l.accept().unwrap();
-            std::thread::sleep(Duration::from_millis(200));
-            let mut buf = vec![0u8; 65536];
-            let n = s.read(&mut buf).unwrap();
-            let got = String::from_utf8_lossy(&buf[..n]).to_string();
-            let body = "{}";
-            write!(
-                s,
-                "HTTP/1.0 200 OK\r\nContent-Length: {}\r\n\r\n{body}",
-                body.len()
-            )
-            .unwrap();
-            got
-        });
+        drop(l);
         let a = agent(ureq::Agent::config_builder().build());
-        let mut r = a
-            .post(&format!("http://127.0.0.1:{port}/step"))
-            .send_json(serde_json::json!({"env_idx": 3, "action": "go to desk 1"}))
-            .unwrap();
-        assert_eq!(r.body_mut().read_to_string().unwrap(), "{}");
-        let got = server.join().unwrap();
-        assert!(got.starts_with("POST /step HTTP/1.1"), "{got}");
-        assert!(
-            got.ends_with(r#"{"action":"go to desk 1","env_idx":3}"#),
-            "{got}"
-        );
         // Nothing listens on the port now.
         let e = a
             .post(&format!("http://127.0.0.1:{port}/step"))
@@ -391,5 +431,49 @@ mod tests {
             .unwrap_err();
         assert!(not_sent(&e) && dropped(&e), "{e:?}");
         assert!(e.to_string().contains("could not connect"), "{e}");
+    }
+
+    #[test]
+    fn envs_left_open_are_closed_or_listed_with_why() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let base = format!("http://{}", l.local_addr().unwrap());
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            std::thread::sleep(Duration::from_millis(50));
+            let mut buf = vec![0u8; 4096];
+            let n = s.read(&mut buf).unwrap();
+            write!(s, "HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\n{{}}").unwrap();
+            String::from_utf8_lossy(&buf[..n]).to_string()
+        });
+        let gone = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            format!("http://{}", l.local_addr().unwrap())
+        };
+        let c = Connections::default();
+        let env = |base: &str, id: u64, task: &str| LeftOpen {
+            base: base.into(),
+            id_field: "env_idx".into(),
+            id: id.into(),
+            task: task.into(),
+        };
+        c.left_open(env(&base, 3, "a"));
+        c.left_open(env(&gone, 4, "b"));
+        c.left_open(env(&base, 5, "c"));
+        let open = c.close_left_open(Duration::from_secs(2));
+        let got = server.join().unwrap();
+        assert!(got.starts_with("POST /close"), "{got}");
+        let body: serde_json::Value =
+            serde_json::from_str(got.split("\r\n\r\n").nth(1).unwrap()).unwrap();
+        assert_eq!(body, serde_json::json!({"env_idx": 3}));
+        assert_eq!(open.len(), 2);
+        assert_eq!(open[0].0.task, "b");
+        assert!(open[0].1.contains("close of env 4 failed"), "{}", open[0].1);
+        assert_eq!(open[1].0.task, "c");
+        assert!(
+            open[1].1.starts_with("not tried: close of env 4"),
+            "{}",
+            open[1].1
+        );
+        assert!(c.close_left_open(Duration::from_secs(1)).is_empty());
     }
 }

@@ -404,3 +404,127 @@ impl Env for HttpEnv {
         String::new()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::net::TcpListener;
+
+    /// Serve `n` requests on `l`, one connection each; returns the paths.
+    fn serve(l: &TcpListener, n: usize) -> Vec<String> {
+        let mut paths = Vec::new();
+        for _ in 0..n {
+            let (s, _) = l.accept().unwrap();
+            let mut r = BufReader::new(s);
+            let mut head = String::new();
+            let mut len = 0;
+            loop {
+                let mut line = String::new();
+                r.read_line(&mut line).unwrap();
+                if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                    len = v.trim().parse().unwrap();
+                }
+                if line == "\r\n" {
+                    break;
+                }
+                head.push_str(&line);
+            }
+            let mut body = vec![0; len];
+            r.read_exact(&mut body).unwrap();
+            let path = head.split(' ').nth(1).unwrap().to_string();
+            let reply = match path.as_str() {
+                "/create" => r#"{"id": 7}"#,
+                "/reset" => r#"{"observation": "a room", "available_actions": ["wait"]}"#,
+                "/step" => r#"{"observation": "done", "reward": 1.0, "done": true}"#,
+                _ => r#"{"ok": true}"#,
+            };
+            let mut s = r.into_inner();
+            write!(
+                s,
+                "HTTP/1.0 200 OK\r\nContent-Length: {}\r\n\r\n{reply}",
+                reply.len()
+            )
+            .unwrap();
+            paths.push(path);
+        }
+        paths
+    }
+
+    #[test]
+    fn a_step_whose_connection_was_refused_is_sent_again() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let limits = Limits {
+            timeout: Duration::from_secs(5),
+            retries: 4,
+        };
+        let mut env = HttpEnv::new(&format!("http://{addr}"), "id", limits, 1.0);
+        let server = std::thread::spawn(move || {
+            let first = serve(&l, 2);
+            // The server goes away for a moment: the step's first
+            // connections are refused.
+            drop(l);
+            std::thread::sleep(Duration::from_millis(250));
+            let l = TcpListener::bind(addr).unwrap();
+            (first, serve(&l, 2))
+        });
+        let task = Task {
+            id: "t".into(),
+            task_type: String::new(),
+            goal: String::new(),
+            world: Value::Null,
+            expert: Vec::new(),
+            difficulty: 0,
+        };
+        env.reset(&task).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        let obs = env.step("wait").unwrap();
+        assert!(obs.done && obs.success);
+        drop(env);
+        let (first, then) = server.join().unwrap();
+        assert_eq!(first, ["/create", "/reset"]);
+        // One step reached the server, then the close.
+        assert_eq!(then, ["/step", "/close"]);
+    }
+
+    #[test]
+    fn a_step_that_reached_a_server_that_then_failed_is_not_sent_again() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let limits = Limits {
+            timeout: Duration::from_secs(5),
+            retries: 4,
+        };
+        let mut env = HttpEnv::new(&format!("http://{addr}"), "id", limits, 1.0);
+        let server = std::thread::spawn(move || {
+            serve(&l, 2);
+            // The step arrives and the server drops it unanswered.
+            let (mut s, _) = l.accept().unwrap();
+            let mut buf = [0u8; 4096];
+            let n = s.read(&mut buf).unwrap();
+            drop(s);
+            // Anything further would be a repeat.
+            l.set_nonblocking(true).unwrap();
+            std::thread::sleep(Duration::from_millis(700));
+            let again = l.accept().is_ok();
+            (String::from_utf8_lossy(&buf[..n]).to_string(), again)
+        });
+        let task = Task {
+            id: "t".into(),
+            task_type: String::new(),
+            goal: String::new(),
+            world: Value::Null,
+            expert: Vec::new(),
+            difficulty: 0,
+        };
+        env.reset(&task).unwrap();
+        let e = env.step("wait").unwrap_err().to_string();
+        assert!(e.contains("step"), "{e}");
+        let (got, again) = server.join().unwrap();
+        assert!(got.starts_with("POST /step"), "{got}");
+        assert!(!again, "the step was sent twice");
+        // The close goes to a server that is gone: no panic, no wait.
+        env.env_id = None;
+    }
+}
