@@ -634,3 +634,126 @@ fn tasks_stats_runs_on_external_envs_and_names_their_failures() {
         "{err}"
     );
 }
+
+/// An AgentGym-style server on loopback whose env 3's steps hang for
+/// `hang` (env 0 is the step-0 evaluation's, 1–8 the first step's):
+/// returns its URL and the set of envs created and not closed.
+fn hanging_server(
+    hang: std::time::Duration,
+) -> (
+    String,
+    std::sync::Arc<std::sync::Mutex<std::collections::BTreeSet<u64>>>,
+) {
+    use std::io::{Read, Write};
+    use std::sync::{Arc, Mutex};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", l.local_addr().unwrap());
+    let live = Arc::new(Mutex::new(std::collections::BTreeSet::new()));
+    let next = Arc::new(Mutex::new(0u64));
+    let shared = live.clone();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { continue };
+            let (live, next) = (shared.clone(), next.clone());
+            std::thread::spawn(move || {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                let (head, body) = loop {
+                    let n = s.read(&mut chunk).unwrap_or(0);
+                    if n == 0 {
+                        return;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                    let text = String::from_utf8_lossy(&buf).to_string();
+                    if let Some((h, b)) = text.split_once("\r\n\r\n") {
+                        let len = h
+                            .lines()
+                            .find_map(|l| {
+                                l.to_ascii_lowercase()
+                                    .strip_prefix("content-length:")
+                                    .map(|v| v.trim().parse::<usize>().unwrap())
+                            })
+                            .unwrap_or(0);
+                        if b.len() >= len {
+                            break (h.to_string(), b.to_string());
+                        }
+                    }
+                };
+                let path = head.split(' ').nth(1).unwrap_or("").to_string();
+                let v: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+                let id = v["id"].as_u64().unwrap_or(u64::MAX);
+                let reply = match path.as_str() {
+                    "/create" => {
+                        let mut n = next.lock().unwrap();
+                        live.lock().unwrap().insert(*n);
+                        *n += 1;
+                        json!({ "id": *n - 1 })
+                    }
+                    "/reset" => {
+                        json!({ "observation": "A room. Your task is to: wait.", "available_actions": ["wait", "look"] })
+                    }
+                    "/step" => {
+                        if id == 3 {
+                            std::thread::sleep(hang);
+                        }
+                        json!({ "observation": "Time passes.", "reward": 0.0, "done": false, "available_actions": ["wait", "look"] })
+                    }
+                    "/close" => {
+                        live.lock().unwrap().remove(&id);
+                        json!({ "closed": id })
+                    }
+                    _ => json!({ "error": "no route" }),
+                };
+                let text = reply.to_string();
+                let _ = write!(
+                    s,
+                    "HTTP/1.0 200 OK\r\nContent-Length: {}\r\n\r\n{text}",
+                    text.len()
+                );
+            });
+        }
+    });
+    (url, live)
+}
+
+#[test]
+fn envs_whose_close_a_timeout_skipped_are_closed_at_the_end_of_the_step() {
+    use std::time::Duration;
+    let tmp = tempfile::tempdir().unwrap();
+    let p = panel(tmp.path(), "tasks", |mut t| {
+        t["world"] = json!({});
+        t
+    });
+    let (url, live) = hanging_server(Duration::from_secs(3));
+    let r = root();
+    let src = format!(
+        r#"#{{ name: "left-open", seed: 3, steps: 1, runs_dir: "{runs}",
+             model: #{{ path: "{r}/models/tiny" }},
+             env: #{{ kind: "http", url: "{url}", train: "{p}", test: "{p}",
+                      max_steps: 3, timeout_s: 1.0, retries: 0, concurrency: 8 }},
+             guidance: #{{ script: "{r}/scripts/guidance/fixed.rhai" }},
+             rollout: #{{ tasks_per_step: 4, group_size: 2, constrained: false }},
+             evaluation: #{{ every: 0, max_tasks: 1, samples: 1 }}, checkpoint: #{{ every: 0 }} }}"#,
+        runs = tmp.path().join("runs").display(),
+        r = r.display(),
+        p = p.display(),
+    );
+    let exp = Experiment::from_source("x.rhai", &src).unwrap();
+    let s = experiment::run(exp, &RunOptions::default(), &mut |_| {}).unwrap();
+    let m: Vec<Value> = std::fs::read_to_string(s.run_dir.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    // The timeout failed episodes, and their envs' closes were skipped.
+    assert!(errors(&m) > 0, "{m:?}");
+    let errs = std::fs::read_to_string(s.run_dir.join("env_errors.jsonl")).unwrap();
+    assert!(
+        errs.contains("skipped: an earlier request timed out"),
+        "{errs}"
+    );
+    assert!(!errs.contains("left open"), "{errs}");
+    // The hung step's own env is closed when its reply comes; wait for it.
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(*live.lock().unwrap(), Default::default(), "envs left alive");
+}

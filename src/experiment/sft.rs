@@ -343,6 +343,9 @@ pub fn run(
         spec.begin_step();
         let t0 = Instant::now();
         let d = step_data(&ctx, step, &make)?;
+        for line in crate::experiment::run::settle_envs_in(&ctx.dir, &spec, step, None)? {
+            on_event(SftEvent::Log(line));
+        }
         let mut trng = seed::rng(ctx.exp.seed, &[seed::label("sft-train"), step as u64]);
         let st: TrainStats = ctx.trainer.step(&ctx.policy, &d.samples, step, &mut trng)?;
         if !st.aux_loss.is_finite() || !st.grad_norm.is_finite() {

@@ -496,22 +496,36 @@ fn settle_envs(
     eval: Option<&str>,
     on_event: &mut dyn FnMut(Event),
 ) -> Result<(), RunError> {
+    for line in settle_envs_in(&ctx.dir, spec, step, eval)? {
+        on_event(Event::Log(line));
+    }
+    Ok(())
+}
+
+/// [`settle_envs`] for any loop with a run directory: the log lines.
+pub(crate) fn settle_envs_in(
+    dir: &RunDir,
+    spec: &EnvSpec,
+    step: usize,
+    eval: Option<&str>,
+) -> Result<Vec<String>, RunError> {
+    let mut log = Vec::new();
     if let Some(note) = spec.conns.take_notice() {
-        on_event(Event::Log(format!("run: {note}")));
+        log.push(format!("run: {note}"));
     }
     let wait = spec.limits.timeout.min(std::time::Duration::from_secs(5));
     let open = spec.conns.close_left_open(wait);
     if let Some((first, why)) = open.first() {
-        on_event(Event::Log(format!(
+        log.push(format!(
             "run: {} env(s) whose close was skipped after a timeout could not be closed \
              (env_errors.jsonl), e.g. {} of task {}: {why}",
             open.len(),
             first.id,
             first.task
-        )));
+        ));
     }
     for (env, why) in open {
-        ctx.dir.append(&crate::rundir::EnvErrorLine {
+        dir.append(&crate::rundir::EnvErrorLine {
             step: Some(step),
             task: Some(env.task),
             error: Some(format!(
@@ -521,7 +535,7 @@ fn settle_envs(
             eval: eval.map(String::from),
         })?;
     }
-    Ok(())
+    Ok(log)
 }
 
 #[cfg(test)]
