@@ -527,4 +527,44 @@ mod tests {
         // The close goes to a server that is gone: no panic, no wait.
         env.env_id = None;
     }
+
+    #[test]
+    fn refused_connections_from_many_envs_lower_the_shared_cap_once() {
+        // Nothing listens: every create is refused.
+        let addr = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let limits = Limits {
+            timeout: Duration::from_secs(5),
+            retries: 3,
+        };
+        let conns = Connections::default();
+        let guard = StepGuard::default();
+        let barrier = std::sync::Barrier::new(8);
+        std::thread::scope(|s| {
+            for _ in 0..8 {
+                s.spawn(|| {
+                    let mut env = HttpEnv::new(&format!("http://{addr}"), "id", limits, 1.0)
+                        .with_shared(guard.clone(), conns.clone());
+                    barrier.wait();
+                    let task = Task {
+                        id: "t".into(),
+                        task_type: String::new(),
+                        goal: String::new(),
+                        world: Value::Null,
+                        expert: Vec::new(),
+                        difficulty: 0,
+                    };
+                    let e = env.reset(&task).unwrap_err().to_string();
+                    assert!(e.contains("could not connect"), "{e}");
+                });
+            }
+        });
+        let cap = conns.cap().expect("lowered");
+        assert!(cap < 8, "{cap}");
+        let note = conns.take_notice().unwrap();
+        assert!(note.contains("were refused or reset"), "{note}");
+        assert_eq!(conns.take_notice(), None);
+    }
 }
