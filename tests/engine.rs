@@ -20,6 +20,8 @@ use actguide::engine::{Api, Request};
 use actguide::experiment::{self, Event, Experiment, RunOptions};
 use serde_json::Value;
 
+use common::{alive, children_of};
+
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
@@ -218,33 +220,6 @@ fn rollouts_on_launched_servers_match_the_trainers_log_probs_across_syncs() {
     assert!(m.iter().all(|l| l["grad_norm"].as_f64().unwrap() > 0.0));
     assert!(s.run_dir.join("engine/policy-v000003.gguf").is_file());
     assert!(!s.run_dir.join("engine/policy-v000001.gguf").exists());
-}
-
-/// Whether process `pid` exists and is not a zombie (a dead child not yet
-/// reaped).
-fn alive(pid: u64) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
-        s.rsplit(')')
-            .next()
-            .and_then(|r| r.split_whitespace().next())
-            != Some("Z")
-    })
-}
-
-/// The processes whose parent is `pid` (/proc).
-fn children_of(pid: u32) -> Vec<u64> {
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u64>().ok())
-        .filter(|p| {
-            std::fs::read_to_string(format!("/proc/{p}/stat")).is_ok_and(|s| {
-                s.rsplit(')')
-                    .next()
-                    .and_then(|r| r.split_whitespace().nth(1))
-                    == Some(&pid.to_string())
-            })
-        })
-        .collect()
 }
 
 #[test]

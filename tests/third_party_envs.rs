@@ -7,6 +7,8 @@
 //! vocabulary encodes every action, no env is left alive on the server,
 //! and a run killed with SIGKILL leaves no env process behind.
 
+mod common;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -14,6 +16,8 @@ use std::time::{Duration, Instant};
 
 use actguide::experiment::{self, Event, Experiment, RunOptions};
 use serde_json::Value;
+
+use common::{alive, children_of};
 
 const BIN: &str = env!("CARGO_BIN_EXE_actguide");
 
@@ -313,32 +317,6 @@ fn a_stdio_env_that_knows_experts_per_instance_builds_and_trains() {
     );
     let (metrics, errors, _) = run(&experiment(t, "stdio", &card, &env, t, 2));
     assert_clean(&metrics, &errors, 2);
-}
-
-/// Whether process `pid` exists and is not a zombie.
-fn alive(pid: u64) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
-        s.rsplit(')')
-            .next()
-            .and_then(|r| r.split_whitespace().next())
-            != Some("Z")
-    })
-}
-
-/// The processes whose parent is `pid` (/proc).
-fn children_of(pid: u32) -> Vec<u64> {
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u64>().ok())
-        .filter(|p| {
-            std::fs::read_to_string(format!("/proc/{p}/stat")).is_ok_and(|s| {
-                s.rsplit(')')
-                    .next()
-                    .and_then(|r| r.split_whitespace().nth(1))
-                    == Some(&pid.to_string())
-            })
-        })
-        .collect()
 }
 
 #[test]

@@ -143,3 +143,30 @@ pub fn tiny_chat_gguf(path: &Path) {
     let t_refs: Vec<(&str, _)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
     gguf_file::write(&mut std::fs::File::create(path).unwrap(), &md, &t_refs).unwrap();
 }
+
+/// Whether process `pid` exists and is not a zombie (a dead child not yet
+/// reaped), from /proc.
+pub fn alive(pid: u64) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        s.rsplit(')')
+            .next()
+            .and_then(|r| r.split_whitespace().next())
+            != Some("Z")
+    })
+}
+
+/// The processes whose parent is `pid`, from /proc.
+pub fn children_of(pid: u32) -> Vec<u64> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u64>().ok())
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/stat")).is_ok_and(|s| {
+                s.rsplit(')')
+                    .next()
+                    .and_then(|r| r.split_whitespace().nth(1))
+                    == Some(&pid.to_string())
+            })
+        })
+        .collect()
+}
