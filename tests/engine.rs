@@ -20,7 +20,7 @@ use actguide::engine::{Api, Request};
 use actguide::experiment::{self, Event, Experiment, RunOptions};
 use serde_json::Value;
 
-use common::{alive, children_of};
+use common::children_of;
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -224,20 +224,13 @@ fn rollouts_on_launched_servers_match_the_trainers_log_probs_across_syncs() {
 
 #[test]
 fn a_run_killed_with_sigkill_takes_its_launched_servers_with_it() {
-    use std::process::{Command, Stdio};
     use std::time::{Duration, Instant};
     let tmp = tempfile::tempdir().unwrap();
     let (gguf, prog) = tiny_with_reference(tmp.path());
     let runs = tmp.path().join("runs");
     let exp = tmp.path().join("engine.rhai");
     std::fs::write(&exp, engine_src(&runs, &gguf, &prog, 2, 50)).unwrap();
-    let mut run = Command::new(env!("CARGO_BIN_EXE_actguide"))
-        .arg("run")
-        .arg(&exp)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut run = common::spawn_run(&exp);
     // Wait for the first step's line: the servers are up and in use.
     let run_dir = runs.join("engine");
     let t0 = Instant::now();
@@ -269,11 +262,7 @@ fn a_run_killed_with_sigkill_takes_its_launched_servers_with_it() {
     run.kill().unwrap(); // SIGKILL: no destructor runs
     run.wait().unwrap();
     pids.extend(servers());
-    let t0 = Instant::now();
-    while pids.iter().any(|&p| alive(p)) && t0.elapsed() < Duration::from_secs(10) {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let left: Vec<u64> = pids.iter().copied().filter(|&p| alive(p)).collect();
+    let left = common::still_alive_after(&pids, Duration::from_secs(10));
     assert!(left.is_empty(), "servers left running: {left:?}");
 }
 

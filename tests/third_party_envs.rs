@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use actguide::experiment::{self, Event, Experiment, RunOptions};
 use serde_json::Value;
 
-use common::{alive, children_of};
+use common::children_of;
 
 const BIN: &str = env!("CARGO_BIN_EXE_actguide");
 
@@ -105,6 +105,44 @@ fn actguide(args: &[&str]) -> String {
     );
     assert!(out.status.success(), "actguide {args:?}:\n{text}");
     text
+}
+
+/// Train and test panels in `t` built over stdio (experts per instance),
+/// and a tiny card in `t/card` from them and what the env showed.
+fn stdio_panels_and_card(t: &Path, train: &str, test: &str) -> PathBuf {
+    let g = game();
+    for (range, name) in [(train, "train.jsonl"), (test, "test.jsonl")] {
+        let out = actguide(&[
+            "tasks",
+            "from-server",
+            "--range",
+            range,
+            "--expert",
+            "instance",
+            "--out",
+            t.join(name).to_str().unwrap(),
+            "--",
+            "python3",
+            &g,
+            "--stdio",
+        ]);
+        assert!(out.contains("task(s)"), "{out}");
+    }
+    card_from(t, &t.join("card"))
+}
+
+/// `init-tiny` on the panels in `dir`, written to `out`.
+fn card_from(dir: &Path, out: &Path) -> PathBuf {
+    actguide(&[
+        "init-tiny",
+        "--panel",
+        dir.join("train.jsonl").to_str().unwrap(),
+        "--panel",
+        dir.join("test.jsonl").to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    out.to_path_buf()
 }
 
 /// The experiment file's text: `steps` steps of 8 tasks × 2 rollouts (16
@@ -231,19 +269,8 @@ fn an_ordinary_python_http_server_at_concurrency_16_loses_nothing() {
     for f in ["train.jsonl", "test.jsonl"] {
         std::fs::copy(t.join(f), bare_dir.join(f)).unwrap();
     }
-    let bare = t.join("card-bare");
-    let card = t.join("card");
-    for (dir, out) in [(&bare_dir, &bare), (&t.to_path_buf(), &card)] {
-        actguide(&[
-            "init-tiny",
-            "--panel",
-            dir.join("train.jsonl").to_str().unwrap(),
-            "--panel",
-            dir.join("test.jsonl").to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-        ]);
-    }
+    let bare = card_from(&bare_dir, &t.join("card-bare"));
+    let card = card_from(t, &t.join("card"));
     let env = format!(r#"kind: "http", url: "{url}", id_field: "env_idx""#);
     // The bare card on the harvested panels: warned before step 1, with
     // the count.
@@ -273,33 +300,7 @@ fn a_stdio_env_that_knows_experts_per_instance_builds_and_trains() {
     let tmp = tempfile::tempdir().unwrap();
     let t = tmp.path();
     let g = game();
-    for (range, name) in [("0..24", "train.jsonl"), ("100..108", "test.jsonl")] {
-        let out = actguide(&[
-            "tasks",
-            "from-server",
-            "--range",
-            range,
-            "--expert",
-            "instance",
-            "--out",
-            t.join(name).to_str().unwrap(),
-            "--",
-            "python3",
-            &g,
-            "--stdio",
-        ]);
-        assert!(out.contains("task(s)"), "{out}");
-    }
-    let card = t.join("card");
-    actguide(&[
-        "init-tiny",
-        "--panel",
-        t.join("train.jsonl").to_str().unwrap(),
-        "--panel",
-        t.join("test.jsonl").to_str().unwrap(),
-        "--out",
-        card.to_str().unwrap(),
-    ]);
+    let card = stdio_panels_and_card(t, "0..24", "100..108");
     // The test panel without its experts: the run asks each env instance.
     let tasks = actguide::env::panel::read_jsonl(&t.join("test.jsonl")).unwrap();
     let bare: Vec<_> = tasks
@@ -327,40 +328,11 @@ fn a_run_killed_with_sigkill_leaves_no_env_process() {
     let tmp = tempfile::tempdir().unwrap();
     let t = tmp.path();
     let g = game();
-    for (range, name) in [("0..16", "train.jsonl"), ("100..104", "test.jsonl")] {
-        actguide(&[
-            "tasks",
-            "from-server",
-            "--range",
-            range,
-            "--expert",
-            "instance",
-            "--out",
-            t.join(name).to_str().unwrap(),
-            "--",
-            "python3",
-            &g,
-            "--stdio",
-        ]);
-    }
-    let card = t.join("card");
-    actguide(&[
-        "init-tiny",
-        "--panel",
-        t.join("train.jsonl").to_str().unwrap(),
-        "--out",
-        card.to_str().unwrap(),
-    ]);
+    let card = stdio_panels_and_card(t, "0..16", "100..104");
     let env = format!(r#"kind: "subprocess", command: ["python3", "{g}", "--stdio"]"#);
     let exp = t.join("kill.rhai");
     std::fs::write(&exp, experiment(t, "kill", &card, &env, t, 1000)).unwrap();
-    let mut run = Command::new(BIN)
-        .arg("run")
-        .arg(&exp)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut run = common::spawn_run(&exp);
     // Wait until the run has env processes (16 episodes at once).
     let t0 = Instant::now();
     let mut envs = Vec::new();
@@ -375,10 +347,6 @@ fn a_run_killed_with_sigkill_leaves_no_env_process() {
     }
     run.kill().unwrap(); // SIGKILL: no destructor runs
     run.wait().unwrap();
-    let t0 = Instant::now();
-    while envs.iter().any(|&p| alive(p)) && t0.elapsed() < Duration::from_secs(10) {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let left: Vec<u64> = envs.iter().copied().filter(|&p| alive(p)).collect();
+    let left = common::still_alive_after(&envs, Duration::from_secs(10));
     assert!(left.is_empty(), "env processes left running: {left:?}");
 }

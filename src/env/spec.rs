@@ -174,56 +174,29 @@ type ExpertFn<'a> = dyn FnMut(&Task) -> Result<Vec<String>, EnvError> + 'a;
 /// the task (its reset reply's field, or its expert request after the
 /// reset). Returns how many tasks were filled.
 pub fn fill_experts(spec: &EnvSpec, tasks: &mut [Task]) -> Result<usize, EnvError> {
-    let mut ask: Box<ExpertFn<'_>> = match &spec.kind {
-        EnvKind::Subprocess { command, expert } => {
-            let new = || {
+    let asked = match &spec.kind {
+        EnvKind::Subprocess { command, expert } => asker(
+            || {
                 external::subprocess::SubprocessEnv::new(
                     command.clone(),
                     spec.limits,
                     spec.success_reward,
                 )
-            };
-            match expert {
-                ExpertSource::Panel => return Ok(0),
-                ExpertSource::Task => {
-                    let mut env = new();
-                    Box::new(move |t| env.expert(t))
-                }
-                src => {
-                    let src = src.clone();
-                    Box::new(move |t| {
-                        let mut env = new();
-                        env.reset(t)?;
-                        env.instance_expert(&src)
-                    })
-                }
-            }
-        }
+            },
+            expert,
+        ),
         EnvKind::Http {
             url,
             id_field,
             expert,
-        } => {
-            let new =
-                || external::http::HttpEnv::new(url, id_field, spec.limits, spec.success_reward);
-            match expert {
-                ExpertSource::Panel => return Ok(0),
-                ExpertSource::Task => {
-                    let env = new();
-                    Box::new(move |t| env.expert(t))
-                }
-                src => {
-                    let src = src.clone();
-                    Box::new(move |t| {
-                        // Closed when dropped, after the answer.
-                        let mut env = new();
-                        env.reset(t)?;
-                        env.instance_expert(&src)
-                    })
-                }
-            }
-        }
-        EnvKind::Builtin(_) => return Ok(0),
+        } => asker(
+            || external::http::HttpEnv::new(url, id_field, spec.limits, spec.success_reward),
+            expert,
+        ),
+        EnvKind::Builtin(_) => None,
+    };
+    let Some(mut ask) = asked else {
+        return Ok(0);
     };
     let mut n = 0;
     for t in tasks.iter_mut().filter(|t| t.expert.is_empty()) {
@@ -234,6 +207,31 @@ pub fn fill_experts(spec: &EnvSpec, tasks: &mut [Task]) -> Result<usize, EnvErro
         n += 1;
     }
     Ok(n)
+}
+
+/// How to ask envs made by `new` for a task's expert actions from
+/// `source` (None: the panel must carry them). Per task, one env answers
+/// every task; per instance, each task gets an env reset to it (closed
+/// when dropped, after the answer).
+fn asker<'a, E: external::Experts + 'a>(
+    new: impl Fn() -> E + 'a,
+    source: &ExpertSource,
+) -> Option<Box<ExpertFn<'a>>> {
+    match source {
+        ExpertSource::Panel => None,
+        ExpertSource::Task => {
+            let mut env = new();
+            Some(Box::new(move |t| env.task_expert(t)))
+        }
+        src => {
+            let src = src.clone();
+            Some(Box::new(move |t| {
+                let mut env = new();
+                env.reset(t)?;
+                env.instance_expert(&src)
+            }))
+        }
+    }
 }
 
 /// An external env's step limit, enforced on our side (the server may

@@ -170,3 +170,25 @@ pub fn children_of(pid: u32) -> Vec<u64> {
         })
         .collect()
 }
+
+/// The processes of `pids` still alive after waiting up to `wait` for them
+/// all to end.
+pub fn still_alive_after(pids: &[u64], wait: std::time::Duration) -> Vec<u64> {
+    let t0 = std::time::Instant::now();
+    while pids.iter().any(|&p| alive(p)) && t0.elapsed() < wait {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    pids.iter().copied().filter(|&p| alive(p)).collect()
+}
+
+/// `actguide run <experiment>` as a separate process, its output dropped
+/// (tests that kill it).
+pub fn spawn_run(experiment: &Path) -> std::process::Child {
+    std::process::Command::new(env!("CARGO_BIN_EXE_actguide"))
+        .arg("run")
+        .arg(experiment)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap()
+}

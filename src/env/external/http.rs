@@ -411,6 +411,17 @@ mod tests {
     use std::io::{BufRead, BufReader, Read, Write};
     use std::net::TcpListener;
 
+    fn task() -> Task {
+        Task {
+            id: "t".into(),
+            task_type: String::new(),
+            goal: String::new(),
+            world: Value::Null,
+            expert: Vec::new(),
+            difficulty: 0,
+        }
+    }
+
     /// Serve `n` requests on `l`, one connection each; returns the paths.
     fn serve(l: &TcpListener, n: usize) -> Vec<String> {
         let mut paths = Vec::new();
@@ -469,14 +480,7 @@ mod tests {
             let l = TcpListener::bind(addr).unwrap();
             (first, serve(&l, 2))
         });
-        let task = Task {
-            id: "t".into(),
-            task_type: String::new(),
-            goal: String::new(),
-            world: Value::Null,
-            expert: Vec::new(),
-            difficulty: 0,
-        };
+        let task = task();
         env.reset(&task).unwrap();
         std::thread::sleep(Duration::from_millis(50));
         let obs = env.step("wait").unwrap();
@@ -510,14 +514,7 @@ mod tests {
             let again = l.accept().is_ok();
             (String::from_utf8_lossy(&buf[..n]).to_string(), again)
         });
-        let task = Task {
-            id: "t".into(),
-            task_type: String::new(),
-            goal: String::new(),
-            world: Value::Null,
-            expert: Vec::new(),
-            difficulty: 0,
-        };
+        let task = task();
         env.reset(&task).unwrap();
         let e = env.step("wait").unwrap_err().to_string();
         assert!(e.contains("step"), "{e}");
@@ -548,14 +545,7 @@ mod tests {
                     let mut env = HttpEnv::new(&format!("http://{addr}"), "id", limits, 1.0)
                         .with_shared(guard.clone(), conns.clone());
                     barrier.wait();
-                    let task = Task {
-                        id: "t".into(),
-                        task_type: String::new(),
-                        goal: String::new(),
-                        world: Value::Null,
-                        expert: Vec::new(),
-                        difficulty: 0,
-                    };
+                    let task = task();
                     let e = env.reset(&task).unwrap_err().to_string();
                     assert!(e.contains("could not connect"), "{e}");
                 });

@@ -48,6 +48,31 @@ impl Default for Limits {
     }
 }
 
+/// An external env that names expert actions: a task's, asked before any
+/// reset, or those of the task it was last reset to.
+pub trait Experts: crate::env::Env {
+    fn task_expert(&mut self, task: &crate::env::Task) -> Result<Vec<String>, EnvError>;
+    fn instance_expert(&mut self, src: &crate::env::ExpertSource) -> Result<Vec<String>, EnvError>;
+}
+
+impl Experts for http::HttpEnv {
+    fn task_expert(&mut self, task: &crate::env::Task) -> Result<Vec<String>, EnvError> {
+        self.expert(task)
+    }
+    fn instance_expert(&mut self, src: &crate::env::ExpertSource) -> Result<Vec<String>, EnvError> {
+        http::HttpEnv::instance_expert(self, src)
+    }
+}
+
+impl Experts for subprocess::SubprocessEnv {
+    fn task_expert(&mut self, task: &crate::env::Task) -> Result<Vec<String>, EnvError> {
+        self.expert(task)
+    }
+    fn instance_expert(&mut self, src: &crate::env::ExpertSource) -> Result<Vec<String>, EnvError> {
+        subprocess::SubprocessEnv::instance_expert(self, src)
+    }
+}
+
 /// A protocol error: which env, which request, what went wrong.
 pub(crate) fn err(env: &str, request: &str, msg: impl std::fmt::Display) -> EnvError {
     EnvError::Other(format!("{env}: {request}: {msg}"))
