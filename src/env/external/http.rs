@@ -305,7 +305,7 @@ impl HttpEnv {
             Value::String(s) => s.clone(),
             other => other.to_string(),
         };
-        self.retrying(false, || {
+        self.retrying(true, || {
             self.call(&format!("available_actions?{}={q}", self.id_field), None)
         })
         .map(|a| match a {
