@@ -48,10 +48,10 @@ pub enum ExpertSource {
     ResetField(String),
 }
 
-impl ExpertSource {
-    /// The setting's text form: `panel`, `task`, `instance` or
-    /// `reset:<path>`.
-    pub fn parse(s: &str) -> Result<Self, String> {
+/// The setting's text form: `panel`, `task`, `instance` or `reset:<path>`.
+impl std::str::FromStr for ExpertSource {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
         match s {
             "panel" => Ok(ExpertSource::Panel),
             "task" => Ok(ExpertSource::Task),
@@ -67,41 +67,31 @@ impl ExpertSource {
             },
         }
     }
-
-    /// The text form [`ExpertSource::parse`] reads.
-    pub fn name(&self) -> String {
-        match self {
-            ExpertSource::Panel => "panel".into(),
-            ExpertSource::Task => "task".into(),
-            ExpertSource::Instance => "instance".into(),
-            ExpertSource::ResetField(p) => format!("reset:{p}"),
-        }
-    }
-}
-
-impl std::str::FromStr for ExpertSource {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        ExpertSource::parse(s)
-    }
 }
 
 impl serde::Serialize for ExpertSource {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&self.name())
+        s.collect_str(self)
     }
 }
 
 impl<'de> serde::Deserialize<'de> for ExpertSource {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        ExpertSource::parse(&s).map_err(serde::de::Error::custom)
+        String::deserialize(d)?
+            .parse()
+            .map_err(serde::de::Error::custom)
     }
 }
 
+/// The text form `FromStr` reads.
 impl std::fmt::Display for ExpertSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.name())
+        match self {
+            ExpertSource::Panel => f.write_str("panel"),
+            ExpertSource::Task => f.write_str("task"),
+            ExpertSource::Instance => f.write_str("instance"),
+            ExpertSource::ResetField(p) => write!(f, "reset:{p}"),
+        }
     }
 }
 

@@ -128,7 +128,9 @@ impl HttpEnv {
             Duration,
         ) -> Result<ureq::http::Response<ureq::Body>, ureq::Error>,
     ) -> Result<Value, Failed> {
-        let wait = self.wait(op).map_err(Failed::sent)?;
+        // The guard's refusal: nothing was sent (and the retry loop asks
+        // the guard before any retry).
+        let wait = self.wait(op).map_err(Failed::not_sent)?;
         let started = Instant::now();
         let Some(_slot) = self.conns.slot(wait) else {
             return Err(Failed::not_sent(err(
