@@ -103,6 +103,28 @@ impl EventPrinter {
                     )),
                 }
             }
+            Event::SftStep(l) => {
+                let line = format!(
+                    "nll {:.4} | {} traj ({} with plan) | grad {:.3} | lr {:.2e} | {:.2}s/step | {:.0} train tok/s",
+                    l.nll, l.trajectories, l.with_plan, l.grad_norm, l.lr, l.seconds, l.train_tok_s
+                );
+                match &self.bar {
+                    Some(b) => {
+                        b.set_position(l.step as u64 + 1);
+                        b.set_message(line);
+                    }
+                    None => say(format!("step {:>4}/{} | {line}", l.step + 1, self.steps)),
+                }
+                if l.env_errors > 0 || l.unencodable_actions > 0 {
+                    say(format!(
+                        "step {}: {} trajectories failed in the env, {} actions the tokenizer \
+                         cannot encode (left out)",
+                        l.step + 1,
+                        l.env_errors,
+                        l.unencodable_actions
+                    ));
+                }
+            }
             Event::Eval { step, result } => say(eval_line(step, &result)),
             Event::ScriptError(e) => say(format!("script error (kept going): {e}")),
             Event::ScriptLog(l) => say(format!("script: {l}")),
@@ -234,19 +256,29 @@ pub fn print_summary(summary: &RunSummary) {
     } else {
         println!("steps              {}", summary.steps_done);
     }
-    println!(
-        "test success       start {}  →  end {}",
-        rate(summary.start_test_success),
-        rate(summary.end_test_success)
-    );
+    if summary.start_test_success.is_some() {
+        println!(
+            "test success       start {}  →  end {}",
+            rate(summary.start_test_success),
+            rate(summary.end_test_success)
+        );
+    }
+    if let Some(s) = summary.own_success {
+        println!("own tasks          greedy success {s:.3}");
+    }
+    if let Some(m) = &summary.model {
+        println!("model              {} (start RL from it: model.path)", m.display());
+    }
     println!(
         "wall time          {:.1} s ({:.2} s/step)",
         summary.seconds, summary.seconds_per_step
     );
-    println!(
-        "throughput         {:.0} rollout tok/s, {:.0} train tok/s",
-        summary.rollout_tokens_per_s, summary.train_tokens_per_s
-    );
+    if summary.start_test_success.is_some() {
+        println!(
+            "throughput         {:.0} rollout tok/s, {:.0} train tok/s",
+            summary.rollout_tokens_per_s, summary.train_tokens_per_s
+        );
+    }
     for w in &summary.warnings {
         println!("WARNING            {w}");
     }

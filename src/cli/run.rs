@@ -9,6 +9,7 @@ use clap::Args;
 
 use actguide::experiment::{self, Comparison, Experiment, ExperimentFile, RunOptions};
 use actguide::model::device::DeviceSpec;
+use actguide::rundir::{RunDir, RunKind};
 
 use super::print::{print_comparison, print_summary, EventPrinter};
 
@@ -102,6 +103,7 @@ pub fn run(args: RunArgs) -> Result<()> {
     } = args;
     let stepping = Arc::new(AtomicBool::new(false));
     let opts = RunOptions {
+        kind: RunKind::Rl,
         resume: resume.clone(),
         stop_after,
         interrupt: Some(interrupt_on_signals(stepping.clone())?),
@@ -148,13 +150,13 @@ pub fn run(args: RunArgs) -> Result<()> {
 
 /// The exit code of a run stopped by SIGINT / SIGTERM (128 + SIGINT, as
 /// shells report it).
-const INTERRUPTED: i32 = 130;
+pub(super) const INTERRUPTED: i32 = 130;
 
 /// A flag SIGINT / SIGTERM raise: the run ends its step, writes a
 /// checkpoint and stops. Before the first step (`stepping` not yet
 /// raised: loading, set-up) there is nothing to checkpoint, so the process
 /// stops at once; so does a second signal.
-fn interrupt_on_signals(stepping: Arc<AtomicBool>) -> Result<Arc<AtomicBool>> {
+pub(super) fn interrupt_on_signals(stepping: Arc<AtomicBool>) -> Result<Arc<AtomicBool>> {
     let flag = Arc::new(AtomicBool::new(false));
     let seen = flag.clone();
     ctrlc::set_handler(move || {
@@ -178,10 +180,9 @@ fn interrupt_on_signals(stepping: Arc<AtomicBool>) -> Result<Arc<AtomicBool>> {
 
 /// The resolved config a run wrote into its directory (`--resume`).
 pub(super) fn resolved_config(run_dir: &std::path::Path) -> Result<Experiment> {
-    let p = run_dir.join("experiment.json");
-    let text = std::fs::read_to_string(&p)
-        .with_context(|| format!("{}: cannot read the run's resolved config", p.display()))?;
-    serde_json::from_str(&text).with_context(|| p.display().to_string())
+    RunDir::at(run_dir)
+        .read_experiment()
+        .context("cannot read the run's resolved config")
 }
 
 /// Run a comparison, then print one line per run and where the report is.

@@ -1,14 +1,17 @@
 //! `actguide sft`: the supervised warm start of an experiment file's `sft`
-//! section (or resume one).
+//! section (or resume one): the run loop with SFT steps.
 
 use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 
 use anyhow::{bail, Result};
 use clap::Args;
-use indicatif::{ProgressBar, ProgressStyle};
 
-use actguide::experiment::sft::{self, SftEvent, SftOptions};
-use actguide::experiment::{Experiment, ExperimentFile};
+use actguide::experiment::{self, Experiment, ExperimentFile, RunOptions};
+use actguide::rundir::RunKind;
+
+use super::print::{print_summary, EventPrinter};
 
 // Flags of `actguide sft`.
 #[derive(Args)]
@@ -41,83 +44,21 @@ pub fn run(a: SftArgs) -> Result<()> {
             bail!("give an experiment file (e.g. examples/sft.rhai) or --resume RUN_DIR")
         }
     };
-    let o = SftOptions {
+    let stepping = Arc::new(AtomicBool::new(false));
+    let opts = RunOptions {
+        kind: RunKind::Sft,
         resume: a.resume,
         stop_after: a.stop_after,
+        interrupt: Some(super::run::interrupt_on_signals(stepping.clone())?),
+        stepping: Some(stepping),
+        ..Default::default()
     };
-    let bar = (!a.plain && console::Term::stderr().is_term()).then(|| {
-        let b = ProgressBar::new(exp.steps as u64);
-        b.set_style(
-            ProgressStyle::with_template("sft {pos:>5}/{len} [{bar:30}] {msg} ({eta})")
-                .expect("a valid template")
-                .progress_chars("=> "),
-        );
-        b
-    });
-    let say = |s: String| match &bar {
-        Some(b) => b.println(s),
-        None => eprintln!("{s}"),
-    };
-    let steps = exp.steps;
-    let summary = sft::run(exp, &o, &mut |ev| match ev {
-        SftEvent::Started {
-            run_dir,
-            start_step,
-            steps,
-            trajectories,
-        } => {
-            say(format!(
-                "sft: {} ({trajectories} expert trajectories, steps {}..{steps})",
-                run_dir.display(),
-                start_step + 1
-            ));
-            if let Some(b) = &bar {
-                b.set_position(start_step as u64);
-            }
-        }
-        SftEvent::Step(l) => {
-            let line = format!(
-                "nll {:.4} | {} traj ({} with plan) | grad {:.3} | lr {:.2e} | {:.2}s/step | {:.0} train tok/s",
-                l.nll, l.trajectories, l.with_plan, l.grad_norm, l.lr, l.seconds, l.train_tok_s
-            );
-            match &bar {
-                Some(b) => {
-                    b.set_position(l.step as u64 + 1);
-                    b.set_message(line);
-                }
-                None => eprintln!("step {:>5}/{steps} | {line}", l.step + 1),
-            }
-            if l.env_errors > 0 || l.unencodable_actions > 0 {
-                say(format!(
-                    "step {}: {} trajectories failed in the env, {} actions the tokenizer cannot encode (left out)",
-                    l.step + 1,
-                    l.env_errors,
-                    l.unencodable_actions
-                ));
-            }
-        }
-        SftEvent::Checkpoint(p) => {
-            if bar.is_none() {
-                eprintln!("checkpoint {}", p.display());
-            }
-        }
-        SftEvent::Log(l) => say(format!("sft: {l}")),
-    })?;
-    if let Some(b) = &bar {
-        b.finish_and_clear();
+    let printer = EventPrinter::new(exp.steps, a.plain);
+    let summary = experiment::run(exp, &opts, &mut |ev| printer.print(ev))?;
+    printer.finish();
+    print_summary(&summary);
+    if summary.interrupted {
+        std::process::exit(super::run::INTERRUPTED);
     }
-    println!(
-        "sft run {}: {} steps{}{}",
-        summary.run_dir.display(),
-        summary.steps_done,
-        summary
-            .own_success
-            .map(|s| format!(", greedy success on its own tasks {s:.3}"))
-            .unwrap_or_default(),
-        summary
-            .model
-            .map(|m| format!(", model {}", m.display()))
-            .unwrap_or_default()
-    );
     Ok(())
 }

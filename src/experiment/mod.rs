@@ -11,8 +11,7 @@ pub mod metrics;
 pub mod policies;
 pub mod probe;
 pub mod run;
-pub mod sft;
 
 pub use compare::{run_comparison, ComparisonSummary};
 pub use config::{Comparison, ConfigError, Experiment, ExperimentFile};
-pub use run::{run, serve_worker, Event, RunError, RunOptions, RunSummary};
+pub use run::{run, serve_worker, sft, Event, RunError, RunOptions, RunSummary};

@@ -43,6 +43,9 @@ pub struct RunState {
     /// `SHA256SUMS`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub experiment: Option<serde_json::Value>,
+    /// RL or SFT (written only for SFT, so RL checkpoints read as before).
+    #[serde(default, skip_serializing_if = "super::RunKind::is_rl")]
+    pub kind: super::RunKind,
 }
 
 /// Whether a checkpoint must carry `SHA256SUMS`.

@@ -8,6 +8,9 @@
 //!   reloads.jsonl            one [`ReloadLine`] per hot-reload outcome
 //!   env_errors.jsonl         one [`EnvErrorLine`] per episode the env failed
 //!   resumes.jsonl            one [`ResumeLine`] per resume
+//!   sft.jsonl                one [`SftLine`] per step of an SFT run
+//!   sft_eval.json            an SFT run's [`SftEval`] (its own tasks, greedy)
+//!   model/                   an SFT run's final policy as an HF folder
 //!   scripts/<role>-<hash>/   every script version used, with its imports
 //!   tb/                      TensorBoard event files (a new one per process)
 //!   checkpoints/step-NNNNNN/ weights, optimiser moments, run state
@@ -41,8 +44,8 @@ use serde_json::Value;
 pub use jsonl::Record;
 pub use lock::RunLock;
 pub use records::{
-    EnvErrorLine, EvalLine, EvalTimes, ReloadLine, ResumeLine, StepBehaviour, StepEngine,
-    StepGigpo, StepLine, StepRounds, StepTimes, SuccessBreakdown,
+    EnvErrorLine, EvalLine, EvalTimes, ReloadLine, ResumeLine, RunKind, SftEval, SftLine,
+    StepBehaviour, StepEngine, StepGigpo, StepLine, StepRounds, StepTimes, SuccessBreakdown,
 };
 
 /// The resolved experiment of a run.
@@ -180,6 +183,28 @@ impl RunDir {
         serde_json::from_str(&text).map_err(|source| RunDirError::Json { path, source })
     }
 
+    /// Write `sft_eval.json`.
+    pub fn write_sft_eval(&self, eval: &SftEval) -> Result<(), RunDirError> {
+        let path = self.root.join(SftEval::FILE);
+        let text = serde_json::to_string(eval).map_err(|source| RunDirError::Json {
+            path: path.clone(),
+            source,
+        })?;
+        write_atomic(&path, format!("{text}\n").as_bytes())
+    }
+
+    /// Read `sft_eval.json` (`None` when the run wrote none).
+    pub fn read_sft_eval(&self) -> Result<Option<SftEval>, RunDirError> {
+        let path = self.root.join(SftEval::FILE);
+        match std::fs::read_to_string(&path) {
+            Ok(text) => serde_json::from_str(&text)
+                .map(Some)
+                .map_err(|source| RunDirError::Json { path, source }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(RunDirError::io(&path)(e)),
+        }
+    }
+
     /// Append one record to its file; returns the JSON written (the
     /// TensorBoard log takes its numbers from it).
     pub fn append<R: Record>(&self, record: &R) -> Result<Value, RunDirError> {
@@ -205,6 +230,7 @@ impl RunDir {
         warnings: &mut Vec<String>,
     ) -> Result<(), RunDirError> {
         jsonl::truncate_after(&self.root.join(StepLine::FILE), step, warnings)?;
+        jsonl::truncate_after(&self.root.join(SftLine::FILE), step, warnings)?;
         jsonl::truncate_after(&self.root.join(EvalLine::FILE), step + 1, warnings)?;
         jsonl::truncate_after(&self.root.join(ReloadLine::FILE), step, warnings)?;
         jsonl::truncate_after(&self.root.join(EnvErrorLine::FILE), step, warnings)

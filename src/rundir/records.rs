@@ -356,6 +356,70 @@ impl Record for ResumeLine {
     const FILE: &'static str = "resumes.jsonl";
 }
 
+/// What a run's steps do: guided RL (the default), or supervised
+/// behaviour cloning on expert trajectories (`actguide sft`). A checkpoint
+/// records it, so a run resumes as the kind it is.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RunKind {
+    #[default]
+    Rl,
+    Sft,
+}
+
+impl RunKind {
+    pub fn is_rl(&self) -> bool {
+        *self == RunKind::Rl
+    }
+
+    /// The command that runs (and resumes) this kind.
+    pub fn command(&self) -> &'static str {
+        match self {
+            RunKind::Rl => "actguide run",
+            RunKind::Sft => "actguide sft",
+        }
+    }
+}
+
+/// One supervised (SFT) step: a line of `sft.jsonl`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SftLine {
+    pub step: usize,
+    /// Mean token NLL of the expert actions.
+    pub nll: f64,
+    pub trajectories: usize,
+    /// Trajectories shown with a plan.
+    pub with_plan: usize,
+    pub action_tokens: usize,
+    pub grad_norm: f64,
+    pub lr: f64,
+    /// Expert actions the tokenizer cannot encode (left out of the loss).
+    pub unencodable_actions: usize,
+    /// Trajectories the env failed (left out).
+    pub env_errors: usize,
+    pub seconds: f64,
+    /// Tokens run through forward and backward per second.
+    pub train_tok_s: f64,
+}
+
+impl Record for SftLine {
+    const FILE: &'static str = "sft.jsonl";
+}
+
+/// `sft_eval.json`: greedy, unguided success of an SFT run's final policy
+/// on the first `tasks` of its own panel.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct SftEval {
+    pub greedy: bool,
+    pub success: f64,
+    pub tasks: usize,
+}
+
+impl SftEval {
+    /// Its file in the run directory.
+    pub const FILE: &'static str = "sft_eval.json";
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,12 +1,15 @@
-//! The run loop: sample tasks, ask the guidance script for specs, roll out,
-//! train, update the script, log metrics, evaluate and checkpoint; resume
-//! from the latest checkpoint continues exactly.
+//! The one run loop: set-up, memory check, events, the steps, evaluation,
+//! checkpoints, resume and the summary, for every kind of step. A kind
+//! contributes only its step: RL ([`step`]: sample tasks, ask the guidance
+//! script for specs, roll out, train, update the script) or SFT ([`sft`]:
+//! behaviour cloning on expert trajectories). Resume from the latest
+//! checkpoint continues exactly.
 //!
-//! Files: [`setup`] (opening or resuming a run), [`step`] (one training
-//! step as named phases) with [`step_line`] (its metrics line) and
-//! [`timings`] (its clocks), [`evaluate`] (evaluations during the run),
-//! [`reload`] (hot reload), [`views`] (what the scripts see), [`error`].
-//! Every file the run writes goes through [`crate::rundir`].
+//! Files: [`setup`] (opening or resuming a run), [`step`] (one RL step as
+//! named phases) with [`step_line`] (its metrics line) and [`timings`] (its
+//! clocks), [`sft`] (the SFT step), [`evaluate`] (evaluations during the
+//! run), [`reload`] (hot reload), [`views`] (what the scripts see),
+//! [`error`]. Every file the run writes goes through [`crate::rundir`].
 
 mod error;
 mod evaluate;
@@ -14,6 +17,7 @@ mod phases;
 mod ranks;
 mod reload;
 mod setup;
+pub mod sft;
 mod step;
 mod step_line;
 mod timings;
@@ -33,7 +37,7 @@ use crate::model::{ModelSource, Policy, Tok};
 use crate::rollout::RolloutOptions;
 use crate::rundir::checkpoint::RunState;
 use crate::rundir::tensorboard::EventWriter;
-use crate::rundir::{EvalLine, RunDir, StepLine};
+use crate::rundir::{EvalLine, RunDir, RunKind, SftLine, StepLine};
 use crate::script::watch::FileWatcher;
 use crate::script::Script;
 use crate::train::Trainer;
@@ -49,6 +53,8 @@ use views::task_view;
 /// How to run.
 #[derive(Debug, Clone, Default)]
 pub struct RunOptions {
+    /// What the steps do: RL (the default) or SFT.
+    pub kind: RunKind,
     /// Continue the run in this directory from its latest checkpoint.
     pub resume: Option<PathBuf>,
     /// Stop after this many steps of this invocation (tests simulate a
@@ -100,11 +106,13 @@ pub enum Event {
         train_tasks: usize,
         test_tasks: usize,
     },
-    /// A training step ended; its `metrics.jsonl` line.
+    /// An RL step ended; its `metrics.jsonl` line.
     Step {
         step: usize,
         metrics: Box<StepLine>,
     },
+    /// An SFT step ended; its `sft.jsonl` line.
+    SftStep(Box<SftLine>),
     /// One panel's evaluation; its `eval.jsonl` line.
     Eval {
         step: usize,
@@ -140,6 +148,11 @@ pub struct RunSummary {
     pub seconds_per_step: f64,
     /// Stopped early by [`RunOptions::interrupt`] (after a checkpoint).
     pub interrupted: bool,
+    /// SFT: greedy success on its own tasks after the last step (when
+    /// `sft.eval_tasks` > 0).
+    pub own_success: Option<f64>,
+    /// SFT: the HF folder RL starts from (written after the last step).
+    pub model: Option<PathBuf>,
     /// Problems the whole run shows (every episode failed in the env, a
     /// script failed at every step).
     pub warnings: Vec<String>,
@@ -212,6 +225,12 @@ impl Totals {
         self.steps_with_script_errors += usize::from(errs > 0);
     }
 
+    fn add_sft(&mut self, line: &SftLine) {
+        self.steps += 1;
+        self.episodes += line.trajectories;
+        self.env_errors += line.env_errors;
+    }
+
     /// What the end-of-run summary must not let pass silently.
     fn warnings(&self) -> Vec<String> {
         let mut out = Vec::new();
@@ -233,24 +252,53 @@ impl Totals {
     }
 }
 
+/// The kind of a run's steps, with what the kind holds.
+enum Kind {
+    Rl,
+    Sft(Box<sft::SftKind>),
+}
+
+impl Kind {
+    fn of(&self) -> RunKind {
+        match self {
+            Kind::Rl => RunKind::Rl,
+            Kind::Sft(_) => RunKind::Sft,
+        }
+    }
+
+    /// The tasks its steps draw from.
+    fn tasks<'a>(&'a self, ctx: &'a Ctx) -> &'a [Task] {
+        match self {
+            Kind::Rl => &ctx.train,
+            Kind::Sft(k) => &k.tasks,
+        }
+    }
+}
+
 /// Estimates the run's peak memory before it starts (see
 /// [`crate::experiment::memory`]) and refuses it when it cannot fit, with
-/// the `trainer.micro_batch` that can.
+/// the `trainer.micro_batch` that can. SFT generates nothing and keeps no
+/// KL reference.
 fn check_memory(
     ctx: &Ctx,
+    kind: &Kind,
     make: &dyn Fn(usize) -> Box<dyn Env>,
     limit: Option<u64>,
     on_event: &mut dyn FnMut(Event),
 ) -> Result<(), RunError> {
+    let rl = kind.of().is_rl();
     let line = crate::experiment::memory::before_start(&crate::experiment::memory::StartCheck {
         exp: &ctx.exp,
         policy: &ctx.policy,
         tok: &ctx.tok,
         make,
-        tasks: &ctx.train,
+        tasks: kind.tasks(ctx),
         opts: &ctx.ropts,
-        rollout_batch: ctx.exp.rollout.tasks_per_step * ctx.exp.rollout.group_size,
-        reference: ctx.exp.trainer.kl_coef > 0.0,
+        rollout_batch: match rl {
+            true => ctx.exp.rollout.tasks_per_step * ctx.exp.rollout.group_size,
+            false => 0,
+        },
+        reference: rl && ctx.exp.trainer.kl_coef > 0.0,
         limit,
     })?;
     on_event(Event::Log(line));
@@ -312,7 +360,8 @@ fn cpu_matmul_line(policy: &crate::model::Policy) -> String {
     line
 }
 
-/// Run (or resume) an experiment to its step budget.
+/// Run (or resume) an experiment to its step budget, with the steps of
+/// [`RunOptions::kind`].
 pub fn run(
     exp: Experiment,
     opts: &RunOptions,
@@ -321,10 +370,15 @@ pub fn run(
     let t_start = Instant::now();
     let mut exp = exp;
     if opts.devices.len() > 1 {
+        if !opts.kind.is_rl() {
+            return Err(RunError::Sft(
+                "data-parallel devices are for RL runs; an SFT run trains on one device".into(),
+            ));
+        }
         ranks::check(&exp, &opts.devices)?;
         exp.model.device = opts.devices[0];
     }
-    let (mut ctx, start_step, warnings) = setup::setup(exp, opts)?;
+    let (mut ctx, kind, start_step, warnings) = setup::setup(exp, opts)?;
     let steps = ctx.exp.steps;
     on_event(Event::Started {
         run_dir: ctx.dir.path().to_path_buf(),
@@ -332,7 +386,7 @@ pub fn run(
         steps,
         params: ctx.policy.num_params(),
         trainable: ctx.policy.num_trainable_params(),
-        train_tasks: ctx.train.len(),
+        train_tasks: kind.tasks(&ctx).len(),
         test_tasks: ctx.test.len(),
     });
     if ctx.policy.device().is_cpu() {
@@ -346,7 +400,7 @@ pub fn run(
         let spec = spec.clone();
         move |limit: usize| -> Box<dyn Env> { make_env(&spec, limit) }
     };
-    if let Err(e) = check_memory(&ctx, &make, opts.memory_limit, on_event) {
+    if let Err(e) = check_memory(&ctx, &kind, &make, opts.memory_limit, on_event) {
         // A fresh run refused before its first step leaves nothing behind
         // (so the corrected rerun gets the same name).
         if opts.resume.is_none() {
@@ -359,8 +413,13 @@ pub fn run(
         on_event(Event::Log(r.describe()));
         ctx.ranks = Some(r);
     }
-    attach_engine(&mut ctx, start_step, on_event)?;
-    if start_step == 0 && !ctx.evals.iter().any(|(s, _)| *s == 0) {
+    // RL evaluates its unguided policy as it goes (from step 0); SFT on its
+    // own tasks once, at the end.
+    let evaluates = kind.of().is_rl();
+    if evaluates {
+        attach_engine(&mut ctx, start_step, on_event)?;
+    }
+    if evaluates && start_step == 0 && !ctx.evals.iter().any(|(s, _)| *s == 0) {
         spec.begin_step();
         run_eval(&mut ctx, 0, &make, on_event)?;
         settle_envs(&ctx, &spec, 0, Some("test"), on_event)?;
@@ -375,34 +434,49 @@ pub fn run(
             break;
         }
         spec.begin_step();
-        let line = step::train_step(&mut ctx, step, &make, on_event)?;
-        settle_envs(&ctx, &spec, step, None, on_event)?;
-        totals.add(&line);
-        let v = ctx.dir.append(&line)?;
-        tb_write(&mut ctx, step, "train", &v)?;
-        on_event(Event::Step {
-            step,
-            metrics: Box::new(line),
-        });
+        match &kind {
+            Kind::Rl => {
+                let line = step::train_step(&mut ctx, step, &make, on_event)?;
+                settle_envs(&ctx, &spec, step, None, on_event)?;
+                totals.add(&line);
+                let v = ctx.dir.append(&line)?;
+                tb_write(&mut ctx, step, "train", &v)?;
+                on_event(Event::Step {
+                    step,
+                    metrics: Box::new(line),
+                });
+            }
+            Kind::Sft(k) => {
+                let line = k.step(&mut ctx, step, &make)?;
+                settle_envs(&ctx, &spec, step, None, on_event)?;
+                totals.add_sft(&line);
+                let v = ctx.dir.append(&line)?;
+                tb_write(&mut ctx, step, "sft", &v)?;
+                on_event(Event::SftStep(Box::new(line)));
+            }
+        }
         step += 1;
         done_here += 1;
         let every = ctx.exp.evaluation.every;
-        if step == steps || (every > 0 && step % every == 0) {
+        if evaluates && (step == steps || (every > 0 && step % every == 0)) {
             spec.begin_step();
             run_eval(&mut ctx, step, &make, on_event)?;
             settle_envs(&ctx, &spec, step, Some("test"), on_event)?;
         }
         let ck = ctx.exp.checkpoint.every;
-        // An interrupt stops here, with a checkpoint off the schedule too.
+        // An interrupt stops here, with a checkpoint off the schedule too;
+        // so does --stop-after (the run is meant to be resumed).
         let interrupt = opts.interrupted() && step < steps;
-        if interrupt || step == steps || (ck > 0 && step % ck == 0) {
-            let dir = save_checkpoint(&ctx, step)?;
+        let stopping = opts.stop_after == Some(done_here);
+        if interrupt || stopping || step == steps || (ck > 0 && step % ck == 0) {
+            let dir = save_checkpoint(&ctx, kind.of(), step)?;
             on_event(Event::Checkpoint(dir));
         }
         if interrupt {
             on_event(Event::Log(format!(
                 "interrupted: stopped after step {step} of {steps} with a checkpoint; \
-                 continue with `actguide run --resume {}`",
+                 continue with `{} --resume {}`",
+                kind.of().command(),
                 ctx.dir.path().display()
             )));
             interrupted = true;
@@ -412,6 +486,13 @@ pub fn run(
     if let Some(r) = &ctx.ranks {
         r.stop()?;
     }
+    let (own_success, model) = match &kind {
+        Kind::Sft(k) if step == steps => {
+            let (own, model) = k.finish(&mut ctx, &make, on_event)?;
+            (own, Some(model))
+        }
+        _ => (None, None),
+    };
     let secs = t_start.elapsed().as_secs_f64();
     Ok(RunSummary {
         run_dir: ctx.dir.path().to_path_buf(),
@@ -428,6 +509,8 @@ pub fn run(
         },
         interrupted,
         warnings: totals.warnings(),
+        own_success,
+        model,
     })
 }
 
@@ -462,7 +545,7 @@ fn save_copy(dir: &RunDir, role: Role, script: Option<&Script>) -> Result<String
 }
 
 /// Save `<run>/checkpoints/step-NNNNNN` after `step` steps.
-fn save_checkpoint(ctx: &Ctx, step: usize) -> Result<PathBuf, RunError> {
+fn save_checkpoint(ctx: &Ctx, kind: RunKind, step: usize) -> Result<PathBuf, RunError> {
     let state = RunState {
         step,
         seed: ctx.exp.seed,
@@ -474,6 +557,7 @@ fn save_checkpoint(ctx: &Ctx, step: usize) -> Result<PathBuf, RunError> {
         evals: ctx.evals.clone(),
         rng: "derived: seed x (stream label, step)".into(),
         experiment: serde_json::to_value(&ctx.exp).ok(),
+        kind,
     };
     super::policies::save_checkpoint(
         ctx.dir.path(),

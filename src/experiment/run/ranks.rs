@@ -411,10 +411,7 @@ pub fn serve_worker(
     run_dir: &Path,
     resume: bool,
 ) -> Result<(), RunError> {
-    let text = std::fs::read_to_string(run_dir.join("experiment.json"))
-        .map_err(RunError::io(&run_dir.join("experiment.json")))?;
-    let mut exp: Experiment = serde_json::from_str(&text)
-        .map_err(|e| RunError::Ranks(format!("{}: {e}", run_dir.display())))?;
+    let mut exp: Experiment = crate::rundir::RunDir::at(run_dir).read_experiment()?;
     exp.model.device = device;
     let dev = policies::device(&exp)?;
     let (train, _test, _clusters) = setup::panels(&exp)?;
@@ -429,7 +426,7 @@ pub fn serve_worker(
     } else {
         None
     };
-    let (policy, mut trainer) = setup::policy_and_trainer(&exp, &src, resumed.as_ref(), &dev)?;
+    let (policy, mut trainer) = setup::policy_and_trainer(&exp, &exp.trainer, &src, resumed.as_ref(), &dev)?;
     if let Some(l) = &resumed {
         policies::restore_optimizer(&mut trainer, l)?;
     }

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use candle_core::Device;
 
-use super::{save_copy, Ctx, RunError, RunOptions};
+use super::{save_copy, sft, Ctx, Kind, RunError, RunOptions};
 use crate::env::{fill_experts, panel, Task};
 use crate::experiment::config::Experiment;
 use crate::experiment::policies;
@@ -20,12 +20,13 @@ use crate::rundir::RunDir;
 use crate::script::watch::FileWatcher;
 use crate::train::Trainer;
 
-/// Build everything a run holds; returns it with the step to start at and
-/// the warnings to show (damaged log lines set aside on resume).
-pub(super) fn setup(
-    exp: Experiment,
-    opts: &RunOptions,
-) -> Result<(Ctx, usize, Vec<String>), RunError> {
+/// What [`setup`] builds: the run's context, its kind of step, the step to
+/// start at and the warnings to show (damaged log lines set aside on
+/// resume).
+type Opened = (Ctx, Kind, usize, Vec<String>);
+
+/// Build everything a run holds, for the steps of `opts.kind`.
+pub(super) fn setup(exp: Experiment, opts: &RunOptions) -> Result<Opened, RunError> {
     let mut claimed = None;
     let r = open(exp, opts, &mut claimed);
     if let (Err(_), Some(dir)) = (&r, claimed) {
@@ -41,7 +42,7 @@ fn open(
     exp: Experiment,
     opts: &RunOptions,
     claimed: &mut Option<PathBuf>,
-) -> Result<(Ctx, usize, Vec<String>), RunError> {
+) -> Result<Opened, RunError> {
     let mut warnings = Vec::new();
     let device = policies::device(&exp)?;
     let (dir, lock, resumed) = match &opts.resume {
@@ -55,6 +56,20 @@ fn open(
                 false => checkpoint::Sums::Required,
             };
             let loaded = checkpoint::load_latest(d, &device, need)?;
+            if loaded.state.kind != opts.kind {
+                return Err(RunError::Resume {
+                    checkpoint: loaded.dir.clone(),
+                    msg: format!(
+                        "this checkpoint is of an {} run; resume it with `{} --resume {}`",
+                        serde_json::to_value(loaded.state.kind)
+                            .ok()
+                            .and_then(|v| v.as_str().map(str::to_uppercase))
+                            .unwrap_or_default(),
+                        loaded.state.kind.command(),
+                        d.display()
+                    ),
+                });
+            }
             let lock = match lock {
                 Some(l) => l,
                 None => dir.lock()?,
@@ -77,6 +92,10 @@ fn open(
         );
     }
     let (train, test, clusters) = panels(&exp)?;
+    let kind = match opts.kind {
+        crate::rundir::RunKind::Rl => Kind::Rl,
+        crate::rundir::RunKind::Sft => Kind::Sft(Box::new(sft::SftKind::new(&exp)?)),
+    };
     let src = policies::open(&exp)?;
     crate::experiment::memory::before_loading(&exp, &src.cfg, opts.memory_limit, &device)?;
     let tok = src.tok.clone();
@@ -102,7 +121,13 @@ fn open(
         ));
     }
     warnings.extend(unencodable_shown_actions(&exp, &tok)?);
-    let (policy, mut trainer) = policy_and_trainer(&exp, &src, resumed.as_ref(), &device)?;
+    // SFT trains on the NLL of expert actions alone.
+    let settings = match &kind {
+        Kind::Rl => exp.trainer.clone(),
+        Kind::Sft(_) => sft::trainer_settings(&exp.trainer),
+    };
+    let (policy, mut trainer) =
+        policy_and_trainer(&exp, &settings, &src, resumed.as_ref(), &device)?;
     let mut host = open_scripts(&exp, resumed.as_ref())?;
     let scripts = match &resumed {
         Some(l) => resume_state(&exp, l, &mut trainer, &mut host)?,
@@ -117,7 +142,7 @@ fn open(
     let ropts = policies::rollout_options(
         &exp,
         &src,
-        exp.trainer.aux_nll_coef > 0.0 || exp.trainer.train_prefix,
+        settings.aux_nll_coef > 0.0 || settings.train_prefix,
     )?;
     let watcher = FileWatcher::new(&host.watched_files()).ok();
     Ok((
@@ -145,6 +170,7 @@ fn open(
             // the first step compares every script with its file.
             reload_pending: resumed.is_some(),
         },
+        kind,
         scripts.start_step,
         warnings,
     ))
@@ -214,6 +240,7 @@ pub(super) fn panels(exp: &Experiment) -> Result<(Vec<Task>, Vec<Task>, Clusters
 /// checkpoint's) and its trainer.
 pub(super) fn policy_and_trainer(
     exp: &Experiment,
+    settings: &crate::train::TrainerSection,
     src: &ModelSource,
     resumed: Option<&Loaded>,
     device: &Device,
@@ -222,7 +249,7 @@ pub(super) fn policy_and_trainer(
     // the frozen KL reference, after a resume too; with LoRA the adapters
     // start at zero, so it is exactly the adapted model's start.
     let policy = policies::trained(exp, src, resumed, device)?;
-    let reference = if exp.trainer.kl_coef > 0.0 {
+    let reference = if settings.kl_coef > 0.0 {
         Some(policies::initial(exp, src, device)?)
     } else {
         None
@@ -230,7 +257,7 @@ pub(super) fn policy_and_trainer(
     let trainer = Trainer::new(
         &policy,
         reference.as_ref(),
-        &exp.trainer,
+        settings,
         exp.steps,
         exp.rollout.temperature,
     )?;
