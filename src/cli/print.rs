@@ -267,7 +267,10 @@ pub fn print_summary(summary: &RunSummary) {
         println!("own tasks          greedy success {s:.3}");
     }
     if let Some(m) = &summary.model {
-        println!("model              {} (start RL from it: model.path)", m.display());
+        println!(
+            "model              {} (start RL from it: model.path)",
+            m.display()
+        );
     }
     println!(
         "wall time          {:.1} s ({:.2} s/step)",

@@ -426,7 +426,8 @@ pub fn serve_worker(
     } else {
         None
     };
-    let (policy, mut trainer) = setup::policy_and_trainer(&exp, &exp.trainer, &src, resumed.as_ref(), &dev)?;
+    let (policy, mut trainer) =
+        setup::policy_and_trainer(&exp, &exp.trainer, &src, resumed.as_ref(), &dev)?;
     if let Some(l) = &resumed {
         policies::restore_optimizer(&mut trainer, l)?;
     }

@@ -229,7 +229,12 @@ fn step_data(
     step: usize,
     make: &dyn Fn(usize) -> Box<dyn Env>,
 ) -> Result<StepData, RunError> {
-    let idx = step_tasks(ctx.exp.seed, kind.tasks.len(), kind.sft.tasks_per_step, step);
+    let idx = step_tasks(
+        ctx.exp.seed,
+        kind.tasks.len(),
+        kind.sft.tasks_per_step,
+        step,
+    );
     let mut prng = seed::rng(ctx.exp.seed, &[seed::label("sft-plan"), step as u64]);
     let reqs: Vec<EpisodeRequest> = idx
         .iter()
