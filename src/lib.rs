@@ -27,9 +27,10 @@
 //! - [`distributed`]: collective operations for data-parallel training;
 //! - [`rundir`]: the run directory's layout and files (metrics and eval
 //!   logs as typed records, checkpoints, TensorBoard events, script copies);
+//! - [`report`]: figures, markdown and HTML reports of runs (it reads run
+//!   directories only);
 //! - [`experiment`]: experiment files, the run loop and its phases,
 //!   evaluation, probe, export, comparisons;
-//! - [`report`]: figures, markdown and HTML reports of runs;
 //! - [`bench`]: throughput of the whole loop;
 //! - [`bench_model`]: raw decode / train throughput of a model;
 //! - [`bench_rollouts`]: rollout throughput, built in vs on an engine;

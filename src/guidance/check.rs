@@ -16,7 +16,7 @@ use crate::guidance::host::GuidanceHost;
 use crate::guidance::rounds::{drive, DriveReport, Request};
 use crate::guidance::simulate::SimEpisode;
 use crate::guidance::views::{EpisodeView, TaskResult, TaskView, TurnView};
-use crate::script::{HostHandles, Script, ScriptError};
+use crate::script::{Script, ScriptError};
 
 /// Task types and expert lengths of the three synthetic tasks.
 const TYPES: [&str; 3] = ["pick_and_place", "pick_heat_then_place", "pick_two_obj"];
@@ -53,7 +53,7 @@ impl Kinds {
 /// synthetic input. Returns a readable trace, or the first error with its
 /// position.
 pub fn check_script(path: &Path) -> Result<Vec<String>, ScriptError> {
-    let handles = HostHandles::new();
+    let handles = crate::guidance::script_handles();
     let script = Script::load(&handles, path)?;
     let mut out = vec![format!(
         "compiled {} (version {})",

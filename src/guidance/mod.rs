@@ -23,3 +23,10 @@ pub use clusters::Clusters;
 pub use host::GuidanceHost;
 pub use spec::{GuidanceSpec, PlanLoss, ResolvedSpec};
 pub use views::{TaskResult, TaskView};
+
+/// Script handles whose engines know guidance's `Spec` constructors
+/// (`prefix(n)`, `plan(k)`, …): every guidance, reward and intervention
+/// script, `check`, and experiment files are compiled over these.
+pub fn script_handles() -> crate::script::HostHandles {
+    crate::script::HostHandles::new().with_registrar(spec::register)
+}

@@ -267,28 +267,15 @@ pub fn group_view<E: Outcome>(tr: &TaskRounds<E>) -> Dynamic {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::guidance::host::tests::{host_seeded, view_in};
     use crate::guidance::simulate::SimEpisode;
-    use std::io::Write;
 
     fn host(src: &str) -> (GuidanceHost, tempfile::NamedTempFile) {
-        let mut f = tempfile::Builder::new().suffix(".rhai").tempfile().unwrap();
-        f.write_all(src.as_bytes()).unwrap();
-        (GuidanceHost::new(f.path(), 1).unwrap(), f)
+        host_seeded(src, 1)
     }
 
     fn view(id: &str) -> TaskView {
-        TaskView {
-            id: id.into(),
-            task_type: "pick_and_place".into(),
-            cluster: 0,
-            expert_len: 6,
-            difficulty: 6,
-            visits: 0,
-            last_success: -1.0,
-            step: 0,
-            total_steps: 10,
-            group_size: 4,
-        }
+        view_in(id, 0)
     }
 
     /// Succeeds iff the executed prefix is at least 3 (or the spec is

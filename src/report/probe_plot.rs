@@ -6,7 +6,7 @@
 use plotters::prelude::*;
 
 use super::plot::PlotError;
-use crate::experiment::probe::ProbeResult;
+use crate::rundir::probe::ProbeResult;
 
 const BLUE: RGBColor = RGBColor(0x4e, 0x79, 0xa7);
 const RED: RGBColor = RGBColor(0xe1, 0x57, 0x59);

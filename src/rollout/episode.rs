@@ -59,7 +59,7 @@ pub fn state_text(status: &str, observation: &str) -> String {
 
 /// A finished episode (serialisable: data-parallel ranks send theirs to
 /// rank 0).
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Episode {
     pub task_id: String,
     pub spec: ResolvedSpec,
@@ -152,21 +152,7 @@ impl<'a> Live<'a> {
             ep: Episode {
                 task_id: req.task.id.clone(),
                 spec: req.spec,
-                turns: Vec::new(),
-                success: false,
-                reward: 0.0,
-                invalid: 0,
-                policy_turns: 0,
-                error: None,
-                engine_failed: false,
-                hints: 0,
-                stopped: false,
-                prefix_executed: 0,
-                actions: Vec::new(),
-                expert_match: 0,
-                info: Default::default(),
-                expert_inadmissible: None,
-                unencodable: Vec::new(),
+                ..Default::default()
             },
             req,
             env,

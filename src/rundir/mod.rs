@@ -25,11 +25,13 @@
 //! Sub-modules: [`records`] (the JSONL lines), [`jsonl`] (appending,
 //! reading, truncating them), [`checkpoint`], [`tensorboard`] (event
 //! files), [`scripts`] (saved script versions), [`lock`] (one live run per
-//! directory).
+//! directory), [`probe`] (the record `actguide probe` prints and the
+//! report's probe figure draws).
 
 pub mod checkpoint;
 pub mod jsonl;
 pub mod lock;
+pub mod probe;
 pub mod records;
 pub mod scripts;
 pub mod tensorboard;

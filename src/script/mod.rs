@@ -133,7 +133,13 @@ pub struct HostHandles {
     rng: Arc<Mutex<ChaCha8Rng>>,
     effects: Arc<Mutex<Effects>>,
     budget: Arc<Mutex<CallBudget>>,
+    registrars: Vec<Registrar>,
 }
+
+/// Registers a higher layer's types and functions on every engine built
+/// from a [`HostHandles`] (guidance adds its `Spec` constructors this way),
+/// so this layer names nothing above it.
+pub type Registrar = fn(&mut Engine);
 
 /// The wall-clock budget of script calls: the operation limit bounds work,
 /// this bounds time (a slow but valid call is stopped too).
@@ -173,7 +179,14 @@ impl HostHandles {
                 limit: std::time::Duration::from_secs_f64(DEFAULT_CALL_BUDGET_S),
                 deadline: None,
             })),
+            registrars: Vec::new(),
         }
+    }
+
+    /// These handles with `r` run on every engine built from them.
+    pub fn with_registrar(mut self, r: Registrar) -> Self {
+        self.registrars.push(r);
+        self
     }
 }
 
@@ -184,10 +197,16 @@ impl Default for HostHandles {
 }
 
 /// Build a sandboxed engine with the actguide helper API registered and no
-/// imports (used by experiment files and tests).
+/// imports (used by tests).
 pub fn new_engine() -> (Engine, HostHandles) {
     let handles = HostHandles::new();
     (engine_with(&handles, None), handles)
+}
+
+/// A sandboxed engine with no imports over `handles` (their registrars
+/// included): experiment files are evaluated on one.
+pub fn engine(handles: &HostHandles) -> Engine {
+    engine_with(handles, None)
 }
 
 /// The sandboxed engine of one script version. `imports` is the resolver of
@@ -308,7 +327,9 @@ fn engine_with(handles: &HostHandles, imports: Option<ImportResolver>) -> Engine
     let eff = handles.effects.clone();
     engine.on_debug(move |s, _, _| eff.lock().expect("effects lock").log(s));
 
-    crate::guidance::spec::register(&mut engine);
+    for register in &handles.registrars {
+        register(&mut engine);
+    }
     engine
 }
 

@@ -16,6 +16,17 @@ pub enum AdvantageKind {
     Gigpo,
 }
 
+impl AdvantageKind {
+    /// The name an experiment file gives it (its serde name).
+    pub fn name(self) -> &'static str {
+        match self {
+            AdvantageKind::Grpo => "grpo",
+            AdvantageKind::DrGrpo => "dr_grpo",
+            AdvantageKind::Gigpo => "gigpo",
+        }
+    }
+}
+
 /// Advantages of one group's rewards. A group whose rewards are all equal
 /// gets all-zero advantages (the reachability barrier's signature).
 pub fn group_advantages(rewards: &[f64], kind: AdvantageKind) -> Vec<f64> {

@@ -196,12 +196,12 @@ pub fn gigpo_advantages(episodes: &[Episode], g: &Gigpo) -> GigpoGroup {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::guidance::ResolvedSpec;
 
     /// A policy turn in state `state` whose step gave `reward`.
-    fn turn(state: &str, reward: f64) -> Turn {
+    pub(in crate::train) fn turn(state: &str, reward: f64) -> Turn {
         Turn {
             prompt_ids: vec![2, 5],
             unguided_prompt_ids: None,
@@ -218,7 +218,7 @@ mod tests {
     }
 
     /// An episode of `turns`; its reward is their sum.
-    fn episode(turns: Vec<Turn>) -> Episode {
+    pub(in crate::train) fn episode(turns: Vec<Turn>) -> Episode {
         Episode {
             task_id: "t".into(),
             spec: ResolvedSpec::default(),
@@ -226,17 +226,7 @@ mod tests {
             success: turns.iter().any(|t| t.reward > 0.0),
             policy_turns: turns.iter().filter(|t| t.is_policy()).count(),
             turns,
-            invalid: 0,
-            error: None,
-            engine_failed: false,
-            hints: 0,
-            stopped: false,
-            prefix_executed: 0,
-            actions: vec![],
-            expert_match: 0,
-            expert_inadmissible: None,
-            unencodable: Vec::new(),
-            info: Default::default(),
+            ..Default::default()
         }
     }
 

@@ -9,6 +9,8 @@
 //! - [`advantage`]: group-relative advantages and a batch's
 //!   [`Advantages`];
 //! - [`gigpo`]: GiGPO's episode- and step-level (anchor-state) advantages;
+//! - `estimator`: the advantage estimators behind one registry by name
+//!   ([`estimator`], [`batch_advantages`]);
 //! - `loss`: the per-token policy losses (PPO, LUFFY);
 //! - `trainer`: the [`Trainer`] and its update step;
 //! - `stats`: the step's metrics ([`TrainStats`]);
@@ -16,6 +18,7 @@
 //! - [`settings`]: the `trainer` section of an experiment file.
 
 pub mod advantage;
+mod estimator;
 pub mod gigpo;
 mod loss;
 pub mod optim;
@@ -27,6 +30,7 @@ mod trainer;
 
 use crate::model::ModelError;
 pub use advantage::{group_advantages, is_zero_std, AdvantageKind, Advantages};
+pub use estimator::{batch_advantages, estimator, BatchAdvantages, Estimator, GroupAdvantages};
 pub use gigpo::{gigpo_advantages, AnchorStats, Gigpo, GigpoNorm};
 pub use loss::{luffy_token_loss, ppo_token_loss};
 pub use optim::{AdamW, AdamWParams, OptimStateError};

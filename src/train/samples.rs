@@ -188,18 +188,8 @@ mod tests {
             turns: vec![turn(true), turn(true), turn(false)],
             success: true,
             reward: 1.0,
-            invalid: 0,
             policy_turns: 1,
-            error: None,
-            engine_failed: false,
-            hints: 0,
-            stopped: false,
-            prefix_executed: 0,
-            actions: vec![],
-            expert_match: 0,
-            expert_inadmissible: None,
-            unencodable: Vec::new(),
-            info: Default::default(),
+            ..Default::default()
         };
         let s = build_samples(
             std::slice::from_ref(&ep),
@@ -247,18 +237,8 @@ mod tests {
             }],
             success: true,
             reward: 1.0,
-            invalid: 0,
             policy_turns: 1,
-            error: None,
-            engine_failed: false,
-            hints: 0,
-            stopped: false,
-            prefix_executed: 0,
-            actions: vec![],
-            expert_match: 0,
-            expert_inadmissible: None,
-            unencodable: Vec::new(),
-            info: Default::default(),
+            ..Default::default()
         }
     }
 

@@ -5,7 +5,8 @@
 //! This module holds the settings themselves (one struct per section, with
 //! their defaults; the trainer's live in [`crate::train::settings`]) and the
 //! checks serde cannot express (bounds, settings that need each other); its
-//! `load` module reads a file into them. Unknown keys, wrong types and
+//! `load` module reads a file into them, `ranges` holds every numeric
+//! setting's range and `position` finds a key's line:col in the source. Unknown keys, wrong types and
 //! unknown values of the typed settings (`env.kind`, `model.device`,
 //! `rollout.format`, the trainer's choices, `evaluation.panels`) are
 //! rejected with the key's path, its line:col in the file and, for
@@ -21,6 +22,7 @@ use crate::script::ScriptError;
 pub use crate::train::TrainerSection;
 
 mod load;
+mod position;
 mod ranges;
 mod sft;
 
@@ -503,7 +505,7 @@ fn check_env(file: &str, source: &str, e: &EnvSection) -> Result<(), ConfigError
     use crate::env::EnvKindName;
     let kind = e.kind;
     let at = |key: &str, msg: String| -> ConfigError {
-        match load::locate_key(source, &["env".into(), key.into()]) {
+        match position::locate_key(source, &["env".into(), key.into()]) {
             (0, 0) => invalid(file, &msg),
             (line, col) => ConfigError::Field {
                 file: file.into(),

@@ -9,7 +9,7 @@
 
 use serde_json::Value;
 
-use super::load::locate_key;
+use super::position::locate_key;
 use super::ConfigError;
 
 /// What a numeric setting may be.

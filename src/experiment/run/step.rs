@@ -30,8 +30,7 @@ use crate::rundir::{EnvErrorLine, StepBehaviour, StepEngine, StepLine};
 use crate::script::ScriptError;
 use crate::seed;
 use crate::train::{
-    build_samples, gigpo_advantages, group_advantages, is_zero_std, AdvantageKind, Advantages,
-    AnchorStats, BehaviourStats, SampleOptions, TrainStats, Trainer, TrainerSection,
+    self, build_samples, BatchAdvantages, BehaviourStats, SampleOptions, TrainStats, Trainer,
 };
 
 /// Run one training step; returns its metrics line.
@@ -290,7 +289,11 @@ fn build_batch<'a>(
             episodes.push(r.ep.clone());
         }
     }
-    let (advantages, zero_std, anchors) = advantages(&exp.trainer, &episodes, &group_sizes);
+    let BatchAdvantages {
+        advantages,
+        zero_std,
+        anchors,
+    } = train::batch_advantages(&exp.trainer, &episodes, &group_sizes);
     Batch {
         tasks,
         episodes,
@@ -301,43 +304,6 @@ fn build_batch<'a>(
         env_failed,
         engine_failed,
     }
-}
-
-/// Advantages per task group (`group_sizes` consecutive episodes each),
-/// the number of groups whose rewards all tie, and under GiGPO what its
-/// anchor states looked like.
-fn advantages(
-    t: &TrainerSection,
-    episodes: &[Episode],
-    group_sizes: &[usize],
-) -> (Advantages, usize, Option<AnchorStats>) {
-    let mut advantages = Advantages {
-        episodes: Vec::with_capacity(episodes.len()),
-        turns: Vec::new(),
-    };
-    let mut anchors = (t.advantage == AdvantageKind::Gigpo).then(AnchorStats::default);
-    let mut zero_std = 0usize;
-    let mut at = 0usize;
-    for &n in group_sizes {
-        let group = &episodes[at..at + n];
-        let rewards: Vec<f64> = group.iter().map(|e| e.reward).collect();
-        if is_zero_std(&rewards) {
-            zero_std += 1;
-        }
-        match anchors.as_mut() {
-            Some(stats) => {
-                let g = gigpo_advantages(group, &t.gigpo());
-                advantages.episodes.extend(g.episodes);
-                advantages.turns.extend(g.turns);
-                stats.add(&g.stats);
-            }
-            None => advantages
-                .episodes
-                .extend(group_advantages(&rewards, t.advantage)),
-        }
-        at += n;
-    }
-    (advantages, zero_std, anchors)
 }
 
 /// What the guidance script's `update` learns of each task: its training

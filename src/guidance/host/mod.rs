@@ -100,7 +100,7 @@ impl GuidanceHost {
     }
 
     pub fn new(path: &Path, seed: u64) -> Result<Self, ScriptError> {
-        let handles = HostHandles::new();
+        let handles = crate::guidance::script_handles();
         Ok(GuidanceHost {
             guidance: Slot::new(&handles, path)?,
             handles,
@@ -379,21 +379,30 @@ impl GuidanceHost {
 }
 
 #[cfg(test)]
-mod tests {
+pub(in crate::guidance) mod tests {
     use super::*;
     use std::io::Write;
 
-    fn host(src: &str) -> (GuidanceHost, tempfile::NamedTempFile) {
+    /// A host over the script `src` (kept in a temp file), seeded `seed`.
+    pub(in crate::guidance) fn host_seeded(
+        src: &str,
+        seed: u64,
+    ) -> (GuidanceHost, tempfile::NamedTempFile) {
         let mut f = tempfile::Builder::new().suffix(".rhai").tempfile().unwrap();
         f.write_all(src.as_bytes()).unwrap();
-        (GuidanceHost::new(f.path(), 7).unwrap(), f)
+        (GuidanceHost::new(f.path(), seed).unwrap(), f)
     }
 
-    fn view(id: &str) -> TaskView {
+    fn host(src: &str) -> (GuidanceHost, tempfile::NamedTempFile) {
+        host_seeded(src, 7)
+    }
+
+    /// A fresh 6-action pick-and-place task of cluster `cluster`.
+    pub(in crate::guidance) fn view_in(id: &str, cluster: i64) -> TaskView {
         TaskView {
             id: id.into(),
             task_type: "pick_and_place".into(),
-            cluster: 1,
+            cluster,
             expert_len: 6,
             difficulty: 6,
             visits: 0,
@@ -402,6 +411,10 @@ mod tests {
             total_steps: 10,
             group_size: 4,
         }
+    }
+
+    fn view(id: &str) -> TaskView {
+        view_in(id, 1)
     }
 
     #[test]
