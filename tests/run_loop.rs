@@ -150,8 +150,8 @@ fn resume_after_a_stop_equals_an_uninterrupted_run() {
 
     let part = with_scripts("part");
     let dir = part.run_dir();
-    // Stop after 3 steps: the last checkpoint is at step 2, so step 3's line
-    // is rewritten on resume.
+    // Stop after 3 steps: a stop writes a checkpoint at step 3, so the
+    // resume continues from step 4.
     let s1 = experiment::run(
         part,
         &RunOptions {
