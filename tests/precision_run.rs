@@ -173,7 +173,7 @@ fn a_micro_batch_that_cannot_fit_is_refused_and_the_suggested_one_runs() {
         "{logs:?}"
     );
     // Without a limit the check plans for what the machine has free.
-    assert!(actguide::experiment::memory::available_cpu().is_some_and(|b| b > 0));
+    assert!(actguide::model::memory::available_cpu().is_some_and(|b| b > 0));
     // A limit too small for one sequence.
     let mut small = e.clone();
     small.name = "small".into();

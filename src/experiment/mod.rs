@@ -6,7 +6,6 @@ pub mod compare;
 pub mod config;
 pub mod eval;
 pub mod export;
-pub mod memory;
 pub mod metrics;
 pub mod policies;
 pub mod probe;

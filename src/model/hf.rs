@@ -178,8 +178,7 @@ impl Policy {
     /// tied), so `transformers` can load the file with the saved config.
     pub fn save_safetensors(&self, path: &Path) -> Result<()> {
         let map: HashMap<String, Tensor> = self
-            .w
-            .named()
+            .named_tensors()
             .into_iter()
             .map(|(n, t)| (n, t.detach()))
             .collect();

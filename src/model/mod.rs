@@ -26,6 +26,10 @@
 //!   ([`LoraConfig`]); the adapters live in [`Policy`], and the methods
 //!   that attach, apply, merge and save them are in `lora/adapters.rs`
 //!   ([`Policy::with_lora`], [`Policy::merged`], [`Policy::save_adapter`]).
+//! - [`memory`]: the peak-memory estimate of a training run of the policy
+//!   (weights, optimiser state, KL reference, rollout, activations) and the
+//!   refusal of a run that cannot fit, checked before loading and before
+//!   the first step.
 //! - [`precision`]: [`Precision`] (`model.dtype`: f32 or bf16 compute
 //!   with f32 master weights and optimiser state).
 //! - [`names`]: every weight's checkpoint name (HF, GGUF, PEFT), stated
@@ -51,6 +55,7 @@ pub mod gguf_tokenizer;
 pub mod hf;
 pub mod llama;
 pub mod lora;
+pub mod memory;
 pub mod names;
 mod ops;
 pub mod precision;

@@ -38,7 +38,7 @@ pub enum RunError {
     TensorBoard(#[from] TensorBoardError),
     /// The configuration cannot fit in the device's memory.
     #[error(transparent)]
-    Memory(#[from] Box<crate::experiment::memory::MemoryError>),
+    Memory(#[from] Box<crate::model::memory::MemoryError>),
     /// A data-parallel rank failed, left, or could not start.
     #[error("data-parallel run: {0}")]
     Ranks(String),

@@ -276,9 +276,10 @@ impl Kind {
 }
 
 /// Estimates the run's peak memory before it starts (see
-/// [`crate::experiment::memory`]) and refuses it when it cannot fit, with
-/// the `trainer.micro_batch` that can. SFT generates nothing and keeps no
-/// KL reference.
+/// [`crate::model::memory`]) and refuses it when it cannot fit, with the
+/// `trainer.micro_batch` that can. SFT generates nothing and keeps no KL
+/// reference. External envs are not probed (the probe's episodes would
+/// reach the server), so their runs log that the estimate was skipped.
 fn check_memory(
     ctx: &Ctx,
     kind: &Kind,
@@ -286,23 +287,67 @@ fn check_memory(
     limit: Option<u64>,
     on_event: &mut dyn FnMut(Event),
 ) -> Result<(), RunError> {
-    let rl = kind.of().is_rl();
-    let line = crate::experiment::memory::before_start(&crate::experiment::memory::StartCheck {
-        exp: &ctx.exp,
-        policy: &ctx.policy,
-        tok: &ctx.tok,
-        make,
-        tasks: kind.tasks(ctx),
-        opts: &ctx.ropts,
-        rollout_batch: match rl {
-            true => ctx.exp.rollout.tasks_per_step * ctx.exp.rollout.group_size,
-            false => 0,
-        },
-        reference: rl && ctx.exp.trainer.kl_coef > 0.0,
-        limit,
-    })?;
+    let line = if !matches!(ctx.exp.env.kind, crate::env::EnvKindName::Builtin(_)) {
+        "memory estimate skipped: an external env's prompt lengths are not probed".to_string()
+    } else {
+        let rl = kind.of().is_rl();
+        let shape = crate::model::memory::RunShape {
+            micro_batch: ctx.exp.trainer.micro_batch,
+            rollout_batch: match rl {
+                true => ctx.exp.rollout.tasks_per_step * ctx.exp.rollout.group_size,
+                false => 0,
+            },
+            seq_len: probe_seq_len(ctx, make, kind.tasks(ctx))?,
+            reference: rl && ctx.exp.trainer.kl_coef > 0.0,
+        };
+        let device = ctx.exp.model.device.to_string();
+        crate::model::memory::before_start(&ctx.policy, &shape, limit, &device)?
+    };
     on_event(Event::Log(line));
     Ok(())
+}
+
+/// The longest training sequence of a run on `tasks`, measured: the
+/// expert trajectories of the (up to) 8 tasks with the longest experts are
+/// rolled through the env with the whole plan shown (the longest prompts
+/// guidance can make), and the longest prompt gets an answer of
+/// `max_action_tokens`. Draws from its own seed stream, so the run's
+/// random draws do not change.
+fn probe_seq_len(
+    ctx: &Ctx,
+    make: &dyn Fn(usize) -> Box<dyn Env>,
+    tasks: &[Task],
+) -> Result<usize, crate::rollout::RolloutError> {
+    use crate::guidance::ResolvedSpec;
+    use crate::rollout::EpisodeRequest;
+    let mut order: Vec<&Task> = tasks.iter().collect();
+    order.sort_by_key(|t| std::cmp::Reverse(t.expert.len()));
+    let reqs: Vec<EpisodeRequest> = order
+        .into_iter()
+        .take(8)
+        .map(|t| EpisodeRequest {
+            task: t,
+            spec: ResolvedSpec {
+                expert: true,
+                plan: t.expert.len(),
+                ..Default::default()
+            },
+        })
+        .collect();
+    let mut rng = crate::seed::rng(ctx.exp.seed, &[crate::seed::label("memory-probe")]);
+    let opts = &ctx.ropts;
+    let (eps, _) = crate::rollout::run(&ctx.policy, &ctx.tok, make, &reqs, opts, &mut rng, None)?;
+    let longest = eps
+        .iter()
+        .flat_map(|e| &e.turns)
+        .map(|t| {
+            t.prompt_ids
+                .len()
+                .max(t.unguided_prompt_ids.as_ref().map_or(0, Vec::len))
+        })
+        .max()
+        .unwrap_or(0);
+    Ok(longest + opts.max_action_tokens)
 }
 
 /// Start (or reach) the engine servers with the policy of `start_step`:
@@ -350,7 +395,7 @@ fn attach_engine(
 /// generation packs its f32 weights (which depends on the model's size).
 fn cpu_matmul_line(policy: &crate::model::Policy) -> String {
     let mut line = format!("CPU matmul: {}", crate::model::matmul_backend());
-    let copies = crate::experiment::memory::Footprint::of(policy).rollout_copies;
+    let copies = crate::model::memory::Footprint::of(policy).rollout_copies;
     if copies > 0 && !policy.rollout_bf16() {
         line += &format!(
             "; generation on packed f32 weights (AVX-512 decode kernel; rollout copies {:.0} MB)",

@@ -97,7 +97,17 @@ fn open(
         crate::rundir::RunKind::Sft => Kind::Sft(Box::new(sft::SftKind::new(&exp)?)),
     };
     let src = policies::open(&exp)?;
-    crate::experiment::memory::before_loading(&exp, &src.cfg, opts.memory_limit, &device)?;
+    crate::model::memory::before_loading(
+        &crate::model::memory::Footprint::lower_bound(
+            &src.cfg,
+            exp.model.precision(),
+            exp.model.lora.is_some(),
+        ),
+        exp.trainer.kl_coef > 0.0,
+        opts.memory_limit,
+        &device,
+        &exp.model.device.to_string(),
+    )?;
     let tok = src.tok.clone();
     let unencodable = tok.unencodable_words(
         train

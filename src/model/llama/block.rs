@@ -2,6 +2,18 @@
 //! (attention with rotary embeddings and grouped-query heads, SwiGLU MLP,
 //! with any LoRA updates), the final norm and LM head, and how sequences
 //! are chunked so no activation grows past a few MB.
+//!
+//! candle-transformers' Llama has its own per-layer types (a `Block` of
+//! `CausalSelfAttention` and `Mlp` with `with_tracing::RmsNorm`, private to
+//! its `models::llama`), and the tests check this forward against that
+//! model. They do not fit the training path: their forward calls candle's
+//! fused `softmax_last_dim`, `rms_norm` and `rotary_emb::rope`, which have
+//! no backward, so gradients would not reach the weights. They also own
+//! their weights and KV cache per layer, where scoring and generation here
+//! run one `Weights` (with LoRA adapters, merged or bf16 rollout copies
+//! chosen per call), and they know neither Qwen's biases and q/k norms nor
+//! packed prefix trees. So the block is written as functions over
+//! `LayerW` with this crate's differentiable `ops`.
 
 use std::cell::OnceCell;
 

@@ -75,43 +75,61 @@ pub(crate) use weights::{weights_epoch, Adapter, LayerW, Weights};
 /// place by the optimiser); [`Policy::frozen_copy`] instances hold plain,
 /// detached tensors.
 ///
-/// The fields are visible to the rest of `model/` because the LoRA, HF and
-/// GGUF code (`lora`, `hf`, `gguf`) add their own `impl Policy` blocks.
+/// Every policy is built by [`Policy::new`] from [`PolicyParts`]: the
+/// loaders (HF folders, GGUF files, random init, merged adapters) through
+/// `Policy::assemble`, which checks named tensors first, and LoRA and
+/// frozen copies directly. The fields are private to `llama`; the LoRA,
+/// HF and GGUF code (`lora`, `hf`, `gguf`) reach them through accessors.
 pub struct Policy {
-    pub(in crate::model) cfg: ModelConfig,
-    pub(in crate::model) arch: Arch,
-    pub(in crate::model) device: Device,
+    cfg: ModelConfig,
+    arch: Arch,
+    device: Device,
     /// Compute dtype (F32 or BF16, see [`Precision`]): frozen tensors in
     /// `w` are stored in it, trained `Var`s stay f32 master copies.
-    pub(in crate::model) dtype: DType,
-    pub(in crate::model) w: Weights,
+    dtype: DType,
+    w: Weights,
     /// Sorted by name; empty for frozen copies.
-    pub(in crate::model) vars: Vec<(String, Var)>,
+    vars: Vec<(String, Var)>,
     /// Rotary inverse frequencies, `head_dim / 2` of them, computed in f32
     /// like HF does.
-    pub(in crate::model) inv_freq: Vec<f32>,
+    inv_freq: Vec<f32>,
     /// LoRA settings when adapters are attached (then `vars` holds only
     /// the adapters and the base weights are detached).
-    pub(in crate::model) lora: Option<LoraConfig>,
+    lora: Option<LoraConfig>,
     /// Source of LoRA dropout masks for the next [`Policy::score`] calls
     /// (see [`Policy::set_dropout_seed`]); `None`: no dropout.
-    pub(in crate::model) dropout_rng: Mutex<Option<ChaCha8Rng>>,
+    dropout_rng: Mutex<Option<ChaCha8Rng>>,
     /// Generate from bf16 copies of the projection and head weights (see
     /// [`Policy::set_rollout_bf16`]).
-    pub(in crate::model) rollout_bf16: bool,
+    rollout_bf16: bool,
     /// The last bf16 rollout weights, keyed by the source tensors' ids and
     /// the weights epoch (so an optimiser step or a replaced tensor
     /// rebuilds them).
-    pub(in crate::model) rollout_cache: Mutex<Option<RolloutCache>>,
+    rollout_cache: Mutex<Option<RolloutCache>>,
+}
+
+/// What a [`Policy`] is made of; the rest of its state (rotary
+/// frequencies, dropout stream, rollout weights) starts from these.
+pub(in crate::model) struct PolicyParts {
+    pub cfg: ModelConfig,
+    pub arch: Arch,
+    pub device: Device,
+    /// The compute dtype `w`'s frozen tensors are stored in.
+    pub dtype: DType,
+    pub w: Weights,
+    /// The trained tensors of `w` (or of its adapters), sorted by name;
+    /// empty for a frozen policy.
+    pub vars: Vec<(String, Var)>,
+    pub lora: Option<LoraConfig>,
 }
 
 /// Cached generation weights and what they were derived from.
-pub(in crate::model) struct RolloutCache {
-    pub(in crate::model) key: (u64, Vec<candle_core::TensorId>),
-    pub(in crate::model) w: Weights,
+struct RolloutCache {
+    key: (u64, Vec<candle_core::TensorId>),
+    w: Weights,
     /// MKL-packed copies of `w`'s bf16 products, for decode-sized batches
     /// (freed with the cache entry).
-    pub(in crate::model) packed: Option<crate::model::ops::PackedWeights>,
+    packed: Option<crate::model::ops::PackedWeights>,
 }
 
 impl std::fmt::Debug for Policy {
@@ -129,6 +147,33 @@ impl std::fmt::Debug for Policy {
 }
 
 impl Policy {
+    /// The one constructor: a policy of `parts`, without dropout and
+    /// generating from its own weights (no bf16 rollout copies).
+    pub(in crate::model) fn new(parts: PolicyParts) -> Policy {
+        let PolicyParts {
+            cfg,
+            arch,
+            device,
+            dtype,
+            w,
+            vars,
+            lora,
+        } = parts;
+        Policy {
+            inv_freq: arch.inv_freq(&cfg),
+            cfg,
+            arch,
+            device,
+            dtype,
+            w,
+            vars,
+            lora,
+            dropout_rng: Mutex::new(None),
+            rollout_bf16: false,
+            rollout_cache: Mutex::new(None),
+        }
+    }
+
     pub fn config(&self) -> &ModelConfig {
         &self.cfg
     }
@@ -140,6 +185,27 @@ impl Policy {
 
     pub fn device(&self) -> &Device {
         &self.device
+    }
+
+    /// The LoRA settings, when adapters are attached.
+    pub fn lora(&self) -> Option<&LoraConfig> {
+        self.lora.as_ref()
+    }
+
+    /// The compute dtype (see [`Policy::precision`]).
+    pub(in crate::model) fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// The stored weights (trained `Var`s as f32 masters, frozen tensors in
+    /// the compute dtype).
+    pub(in crate::model) fn weights(&self) -> &Weights {
+        &self.w
+    }
+
+    /// The LoRA dropout stream (see [`Policy::set_dropout_seed`]).
+    pub(in crate::model) fn dropout_rng(&self) -> std::sync::MutexGuard<'_, Option<ChaCha8Rng>> {
+        self.dropout_rng.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Generate from bf16 copies of the projection and LM-head weights
@@ -176,6 +242,42 @@ impl Policy {
     /// Whether generation uses bf16 weight copies.
     pub fn rollout_bf16(&self) -> bool {
         self.rollout_bf16
+    }
+
+    /// Weights for generation: detached, with any adapters merged in (one
+    /// small `B A` product per adapter per call, instead of two extra
+    /// matmuls per adapted projection per token), in the compute dtype;
+    /// the products' weights in bf16 under [`Policy::set_rollout_bf16`],
+    /// also packed for MKL's decode-sized products. Cached (with f32 packs
+    /// for the decode kernel where it runs) until the weights change.
+    pub(in crate::model) fn inference_weights(&self) -> Result<Weights> {
+        use crate::model::ops::{f32_rollout_packs, PackedWeights};
+        let f32_packs = self.device.is_cpu() && self.dtype == DType::F32 && f32_rollout_packs();
+        if !self.rollout_bf16 && !f32_packs {
+            return self.merged_weights();
+        }
+        let key = (weights_epoch(), self.w.ids());
+        let mut cache = self.rollout_cache.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = cache.as_ref().filter(|c| c.key == key) {
+            return Ok(c.w.clone());
+        }
+        // Free the stale copies first; their packed buffers are reused.
+        let old = cache.take().and_then(|c| c.packed);
+        let (w, packed) = if self.rollout_bf16 {
+            let w = self.merged_weights()?.rollout_bf16()?;
+            let packed = PackedWeights::pack(&w.rollout_products(), old)?;
+            (w, packed)
+        } else {
+            let w = self.merged_weights()?;
+            let packed = PackedWeights::pack_f32(&w.rollout_products(), old)?;
+            (w, packed)
+        };
+        *cache = Some(RolloutCache {
+            key,
+            w: w.clone(),
+            packed,
+        });
+        Ok(w)
     }
 
     /// Bytes held by the packed copies of the rollout weights (MKL's for
@@ -257,19 +359,15 @@ impl Policy {
                 t.to_dtype(dt)?
             })
         })?;
-        Ok(Policy {
+        Ok(Policy::new(PolicyParts {
             cfg: self.cfg.clone(),
             arch: self.arch.clone(),
             device: self.device.clone(),
             dtype: dt,
             w,
             vars: Vec::new(),
-            inv_freq: self.inv_freq.clone(),
             lora: self.lora.clone(),
-            dropout_rng: Mutex::new(None),
-            rollout_bf16: false,
-            rollout_cache: Mutex::new(None),
-        })
+        }))
     }
 
     /// Number of scalar parameters (tied head counted once).

@@ -4,13 +4,12 @@
 //! tensors with every name, shape and dtype checked.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
 
 use candle_core::{DType, Device, Tensor, Var};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, Normal};
 
-use super::Policy;
+use super::{Policy, PolicyParts};
 use crate::model::config::{Arch, ModelConfig};
 use crate::model::error::{ModelError, Result};
 use crate::model::names::{LayerTensor, EMBED, LM_HEAD, NORM};
@@ -460,18 +459,14 @@ impl Policy {
                 Some(got.remove(LM_HEAD).expect(SPEC))
             },
         };
-        Ok(Policy {
+        Ok(Policy::new(PolicyParts {
             cfg: cfg.clone(),
             arch: arch.clone(),
-            inv_freq: arch.inv_freq(cfg),
             device: device.clone(),
             dtype: DType::F32,
             w,
             vars,
             lora: None,
-            dropout_rng: Mutex::new(None),
-            rollout_bf16: false,
-            rollout_cache: Mutex::new(None),
-        })
+        }))
     }
 }

@@ -4,7 +4,6 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Mutex;
 
 use candle_core::{DType, Tensor, Var};
 use rand::Rng;
@@ -12,17 +11,12 @@ use rand_chacha::ChaCha8Rng;
 
 use super::{LoraConfig, Proj, ADAPTER_CONFIG, ADAPTER_WEIGHTS};
 use crate::model::error::{ModelError, Result};
-use crate::model::llama::{linear, weights_epoch, Adapter, LayerW, Policy, RolloutCache, Weights};
+use crate::model::llama::{linear, Adapter, LayerW, Policy, PolicyParts, Weights};
 
 impl Policy {
-    /// The LoRA settings, when adapters are attached.
-    pub fn lora(&self) -> Option<&LoraConfig> {
-        self.lora.as_ref()
-    }
-
     /// HF `(out, in)` shape of projection `p`.
     fn proj_shape(&self, p: Proj) -> (usize, usize) {
-        let c = &self.cfg;
+        let c = self.config();
         let (h, i, hd) = (c.hidden_size, c.intermediate_size, c.head_dim());
         match p {
             Proj::Q => (c.num_attention_heads * hd, h),
@@ -42,7 +36,7 @@ impl Policy {
     pub fn with_lora(self, cfg: &LoraConfig, rng: &mut ChaCha8Rng) -> Result<Policy> {
         let projs = cfg.projections()?;
         let mut tensors = HashMap::new();
-        for l in 0..self.cfg.num_hidden_layers {
+        for l in 0..self.config().num_hidden_layers {
             for &p in &projs {
                 let (out, inp) = self.proj_shape(p);
                 let bound = 1.0 / (inp as f32).sqrt();
@@ -51,11 +45,11 @@ impl Policy {
                     .collect();
                 tensors.insert(
                     p.tensor_name(l, true),
-                    Tensor::from_vec(a, (cfg.rank, inp), &self.device)?,
+                    Tensor::from_vec(a, (cfg.rank, inp), self.device())?,
                 );
                 tensors.insert(
                     p.tensor_name(l, false),
-                    Tensor::zeros((out, cfg.rank), DType::F32, &self.device)?,
+                    Tensor::zeros((out, cfg.rank), DType::F32, self.device())?,
                 );
             }
         }
@@ -72,13 +66,13 @@ impl Policy {
         mut tensors: HashMap<String, Tensor>,
         file: &str,
     ) -> Result<Policy> {
-        if self.lora.is_some() {
+        if self.lora().is_some() {
             return Err(ModelError::InvalidArgument(
                 "the policy already has LoRA adapters (merge them first)".into(),
             ));
         }
         let projs = cfg.projections()?;
-        let mut w = self.w.map(&|t| Ok(t.detach()))?;
+        let mut w = self.weights().map(&|t| Ok(t.detach()))?;
         let mut vars = Vec::new();
         for (l, lw) in w.layers.iter_mut().enumerate() {
             lw.gu = None;
@@ -108,7 +102,7 @@ impl Policy {
                             dtype: format!("{:?}", t.dtype()),
                         });
                     }
-                    let t = t.to_dtype(DType::F32)?.to_device(&self.device)?;
+                    let t = t.to_dtype(DType::F32)?.to_device(self.device())?;
                     let var = Var::from_tensor(&t.detach())?;
                     let t = var.as_tensor().clone();
                     vars.push((name, var));
@@ -127,19 +121,15 @@ impl Policy {
         }
         vars.sort_by(|a, b| a.0.cmp(&b.0));
         let precision = self.precision();
-        Policy {
-            cfg: self.cfg,
-            arch: self.arch,
-            device: self.device,
+        Policy::new(PolicyParts {
+            cfg: self.config().clone(),
+            arch: self.arch().clone(),
+            device: self.device().clone(),
             dtype: DType::F32,
             w,
             vars,
-            inv_freq: self.inv_freq,
             lora: Some(cfg.clone()),
-            dropout_rng: Mutex::new(None),
-            rollout_bf16: false,
-            rollout_cache: Mutex::new(None),
-        }
+        })
         .with_precision(precision)
     }
 
@@ -147,7 +137,7 @@ impl Policy {
     /// LoRA). They share storage with the model.
     pub fn adapter_tensors(&self) -> Vec<(String, Tensor)> {
         let mut out = Vec::new();
-        for (l, lw) in self.w.layers.iter().enumerate() {
+        for (l, lw) in self.weights().layers.iter().enumerate() {
             for (i, ad) in lw.ad.iter().enumerate() {
                 if let Some(ad) = ad {
                     out.push((Proj::ALL[i].tensor_name(l, true), ad.a.clone()));
@@ -162,7 +152,7 @@ impl Policy {
     /// Writes the adapters alone in PEFT's layout: `adapter_config.json`
     /// (`base_model_name_or_path` = `base`) and `adapter_model.safetensors`.
     pub fn save_adapter(&self, dir: &Path, base: &str) -> Result<()> {
-        let Some(cfg) = &self.lora else {
+        let Some(cfg) = self.lora() else {
             return Err(ModelError::InvalidArgument(
                 "save_adapter: the policy has no LoRA adapters".into(),
             ));
@@ -199,7 +189,7 @@ impl Policy {
                 what: ADAPTER_WEIGHTS.to_string(),
             });
         }
-        let tensors = candle_core::safetensors::load(&wpath, &self.device).map_err(|e| {
+        let tensors = candle_core::safetensors::load(&wpath, self.device()).map_err(|e| {
             ModelError::Checkpoint {
                 path: wpath.clone(),
                 msg: format!("cannot read safetensors: {e}"),
@@ -215,56 +205,24 @@ impl Policy {
         let w = self.inference_weights()?;
         let tensors: HashMap<String, Tensor> = w.named().into_iter().collect();
         Self::assemble(
-            &self.cfg,
-            &self.arch,
+            self.config(),
+            self.arch(),
             tensors,
             &|_| "<merged>".into(),
-            &self.device,
+            self.device(),
             true,
         )
     }
 
-    /// Weights for generation: detached, with any adapters merged in (one
-    /// small `B A` product per adapter per call, instead of two extra
-    /// matmuls per adapted projection per token), in the compute dtype;
-    /// the products' weights in bf16 under [`Policy::set_rollout_bf16`],
-    /// also packed for MKL's decode-sized products.
-    pub(in crate::model) fn inference_weights(&self) -> Result<Weights> {
-        use crate::model::ops::{f32_rollout_packs, PackedWeights};
-        let f32_packs = self.device.is_cpu() && self.dtype == DType::F32 && f32_rollout_packs();
-        if !self.rollout_bf16 && !f32_packs {
-            return self.merged_weights();
-        }
-        let key = (weights_epoch(), self.w.ids());
-        let mut cache = self.rollout_cache.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(c) = cache.as_ref().filter(|c| c.key == key) {
-            return Ok(c.w.clone());
-        }
-        // Free the stale copies first; their packed buffers are reused.
-        let old = cache.take().and_then(|c| c.packed);
-        let (w, packed) = if self.rollout_bf16 {
-            let w = self.merged_weights()?.rollout_bf16()?;
-            let packed = PackedWeights::pack(&w.rollout_products(), old)?;
-            (w, packed)
-        } else {
-            let w = self.merged_weights()?;
-            let packed = PackedWeights::pack_f32(&w.rollout_products(), old)?;
-            (w, packed)
-        };
-        *cache = Some(RolloutCache {
-            key,
-            w: w.clone(),
-            packed,
-        });
-        Ok(w)
-    }
-
-    fn merged_weights(&self) -> Result<Weights> {
-        let Some(cfg) = &self.lora else {
-            return self.w.detached(self.dtype);
+    /// The weights with each adapter's update merged into its base
+    /// projection, detached, in the compute dtype (the base's own weights
+    /// without adapters). Generation caches them (`inference_weights`).
+    pub(in crate::model) fn merged_weights(&self) -> Result<Weights> {
+        let Some(cfg) = self.lora() else {
+            return self.weights().detached(self.dtype());
         };
         let scale = cfg.scale();
-        let mut w = self.w.map(&|t| Ok(t.detach()))?;
+        let mut w = self.weights().map(&|t| Ok(t.detach()))?;
         for lw in &mut w.layers {
             for (i, ad) in std::mem::take(&mut lw.ad).into_iter().enumerate() {
                 let Some(ad) = ad else { continue };
@@ -292,8 +250,7 @@ impl Policy {
     /// per step is reproducible. No effect without LoRA dropout.
     pub fn set_dropout_seed(&self, seed: Option<u64>) {
         use rand::SeedableRng;
-        let mut g = self.dropout_rng.lock().unwrap_or_else(|e| e.into_inner());
-        *g = seed.map(ChaCha8Rng::seed_from_u64);
+        *self.dropout_rng() = seed.map(ChaCha8Rng::seed_from_u64);
     }
 
     /// `(alpha / r) · dropout(x) Aᵀ Bᵀ` for projection `p`, or `None` when
@@ -304,7 +261,7 @@ impl Policy {
         p: Proj,
         x: &Tensor,
     ) -> Result<Option<Tensor>> {
-        let (Some(Some(ad)), Some(cfg)) = (lw.ad.get(p.index()), &self.lora) else {
+        let (Some(Some(ad)), Some(cfg)) = (lw.ad.get(p.index()), self.lora()) else {
             return Ok(None);
         };
         let x = self.lora_dropout(x, cfg.dropout)?;
@@ -315,10 +272,10 @@ impl Policy {
     /// Inverted dropout with masks from the seeded stream, when one is set.
     fn lora_dropout(&self, x: &Tensor, p: f64) -> Result<Tensor> {
         // Only the trained policy drops (not a frozen KL reference).
-        if p <= 0.0 || self.vars.is_empty() {
+        if p <= 0.0 || !self.is_trainable() {
             return Ok(x.clone());
         }
-        let mut guard = self.dropout_rng.lock().unwrap_or_else(|e| e.into_inner());
+        let mut guard = self.dropout_rng();
         let Some(rng) = guard.as_mut() else {
             return Ok(x.clone());
         };
@@ -332,7 +289,7 @@ impl Policy {
                 }
             })
             .collect();
-        let mask = Tensor::from_vec(mask, x.shape(), &self.device)?.to_dtype(x.dtype())?;
+        let mask = Tensor::from_vec(mask, x.shape(), self.device())?.to_dtype(x.dtype())?;
         Ok((x * mask)?)
     }
 }

@@ -19,7 +19,7 @@ use candle_core::{CpuStorage, CustomOp3, Device, Layout, Shape, Storage, Tensor}
 use rayon::prelude::*;
 
 use super::blas::{blas, Blas};
-use super::fused;
+use super::{f32_data, f32_slice, fused};
 use crate::model::error::Result;
 
 /// Whether attention runs fused on this machine's CPU f32 path (a BLAS is
@@ -311,13 +311,10 @@ impl CustomOp3 for Attention {
         sv: &CpuStorage,
         lv: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let (CpuStorage::F32(q), CpuStorage::F32(k), CpuStorage::F32(v)) = (sq, sk, sv) else {
-            candle_core::bail!("actguide-attention: only f32 is supported")
-        };
-        let Some((q0, q1)) = lq.contiguous_offsets() else {
-            candle_core::bail!("actguide-attention: q must be contiguous")
-        };
-        let q = &q[q0..q1];
+        // k and v are strided views of the cache (see `KvView`); q is
+        // contiguous.
+        let q = f32_slice(sq, lq, self.name())?;
+        let (k, v) = (f32_data(sk, self.name())?, f32_data(sv, self.name())?);
         let d = self.dims(lq, lk);
         let (kv, vv) = (KvView::of(lk), KvView::of(lv));
         let (rq, hd) = (d.rq, d.hd);

@@ -7,7 +7,7 @@ use candle_core::{CpuStorage, CustomOp2, Device, Layout, Shape, Storage, Tensor}
 use rayon::prelude::*;
 
 use super::blas::{blas, Blas};
-use super::fused;
+use super::{f32_data, fused};
 use crate::model::error::Result;
 
 /// `a (…, m, k) @ b (…, k, n)`, or `@ b (…, n, k)ᵀ` when `tb`; the leading
@@ -174,9 +174,9 @@ impl CustomOp2 for Bmm {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let (CpuStorage::F32(a), CpuStorage::F32(b)) = (s1, s2) else {
-            candle_core::bail!("actguide-bmm: only f32 is supported")
-        };
+        // Strided views are read in place (see `Mat`), so only the dtype
+        // is checked here.
+        let (a, b) = (f32_data(s1, self.name())?, f32_data(s2, self.name())?);
         let (out, shape) = self.run(a, l1, b, l2)?;
         Ok((CpuStorage::F32(out), shape))
     }

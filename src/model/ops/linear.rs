@@ -3,9 +3,7 @@
 //! and the frozen-weight form whose gradient flows to `x` only (LoRA's base
 //! projections).
 
-use candle_core::{
-    CpuStorage, CustomOp1, CustomOp2, DType, Device, Layout, Shape, Storage, Tensor,
-};
+use candle_core::{CpuStorage, DType, Device, Shape, Storage, Tensor};
 
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex};
@@ -14,7 +12,7 @@ use candle_core::TensorId;
 
 use super::blas::{blas, rust_gemm_for, wide_rust_gemm, Blas, PackedBf16};
 use super::skinny::{self, PackedF32};
-use super::{f32_slice, fused};
+use super::{f32_slice, fused, Fused1, Fused2, Input, Kernel1, Kernel2};
 use crate::model::error::Result;
 
 /// `x (rows, in) @ wᵀ` for an HF `(out, in)` weight, differentiable in both.
@@ -44,7 +42,7 @@ pub(crate) fn frozen_linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
         return Ok(y);
     }
     if fused(x) && x.rank() == 2 {
-        return Ok(x.contiguous()?.apply_op1(FrozenLinear { w })?);
+        return Ok(x.contiguous()?.apply_op1(Fused1(FrozenLinear { w }))?);
     }
     Ok(x.matmul(&w.t()?)?)
 }
@@ -196,10 +194,10 @@ fn blas_linear(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
     if rust_gemm_for(x.dim(0)?) {
         return Ok(None);
     }
-    Ok(Some(
-        x.contiguous()?
-            .apply_op2(&w.contiguous()?, BlasLinear { blas })?,
-    ))
+    Ok(Some(x.contiguous()?.apply_op2(
+        &w.contiguous()?,
+        Fused2(BlasLinear { blas }),
+    )?))
 }
 
 /// `y = x wᵀ`; backward `dx = dy w` and `dw = dyᵀ x`, each only when that
@@ -208,36 +206,19 @@ struct BlasLinear {
     blas: &'static Blas,
 }
 
-impl CustomOp2 for BlasLinear {
-    fn name(&self) -> &'static str {
-        "actguide-blas-linear"
-    }
+impl Kernel2 for BlasLinear {
+    const NAME: &'static str = "actguide-blas-linear";
 
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let (x, w) = (
-            f32_slice(s1, l1, self.name())?,
-            f32_slice(s2, l2, self.name())?,
-        );
-        let ((m, k), (n, k2)) = (l1.shape().dims2()?, l2.shape().dims2()?);
+    fn forward(&self, x: Input<'_>, w: Input<'_>) -> candle_core::Result<(Vec<f32>, Shape)> {
+        let ((m, k), (n, k2)) = (x.shape.dims2()?, w.shape.dims2()?);
         if k != k2 {
-            candle_core::bail!(
-                "{}: x {:?} against w {:?}",
-                self.name(),
-                l1.shape(),
-                l2.shape()
-            );
+            candle_core::bail!("{}: x {:?} against w {:?}", Self::NAME, x.shape, w.shape);
         }
-        let y = self.blas.gemm(false, true, m, n, k, x, w);
-        Ok((CpuStorage::F32(y), Shape::from((m, n))))
+        let y = self.blas.gemm(false, true, m, n, k, x.data, w.data);
+        Ok((y, Shape::from((m, n))))
     }
 
-    fn bwd(
+    fn backward(
         &self,
         x: &Tensor,
         w: &Tensor,
@@ -294,26 +275,19 @@ struct FrozenLinear {
     w: Tensor,
 }
 
-impl CustomOp1 for FrozenLinear {
-    fn name(&self) -> &'static str {
-        "actguide-frozen-linear"
-    }
+impl Kernel1 for FrozenLinear {
+    const NAME: &'static str = "actguide-frozen-linear";
 
-    fn cpu_fwd(
-        &self,
-        storage: &CpuStorage,
-        layout: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let x = f32_slice(storage, layout, self.name())?;
+    fn forward(&self, x: Input<'_>) -> candle_core::Result<(Vec<f32>, Shape)> {
         // A plain (untracked) tensor over a copy of the input, so the
         // product runs on candle's threaded gemm.
-        let x = Tensor::from_slice(x, layout.shape(), &Device::Cpu)?;
+        let x = Tensor::from_slice(x.data, x.shape, &Device::Cpu)?;
         let y = x.matmul(&self.w.t()?)?;
         let shape = y.shape().clone();
-        Ok((CpuStorage::F32(y.flatten_all()?.to_vec1()?), shape))
+        Ok((y.flatten_all()?.to_vec1()?, shape))
     }
 
-    fn bwd(
+    fn backward(
         &self,
         _arg: &Tensor,
         _res: &Tensor,

@@ -3,9 +3,9 @@
 
 use std::sync::Arc;
 
-use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor, D};
+use candle_core::{Shape, Tensor, D};
 
-use super::{f32_slice, fused, par_rows};
+use super::{fused, par_rows, Fused1, Fused2, Input, Kernel1, Kernel2};
 use crate::model::error::{ModelError, Result};
 
 /// For logits `(n, vocab)`, targets (`n` ids) and `scale = 1 / temperature`:
@@ -31,10 +31,10 @@ pub(crate) fn logp_entropy(logits: &Tensor, targets: &[u32], scale: f64) -> Resu
         // its backward, which then needs no second exp pass over the row.
         return Ok(logits
             .contiguous()?
-            .apply_op1(LogpEntropy {
+            .apply_op1(Fused1(LogpEntropy {
                 targets: Arc::new(targets.to_vec()),
                 scale: scale as f32,
-            })?
+            }))?
             .narrow(1, 0, 2)?);
     }
     logp_entropy_composite(logits, targets, scale)
@@ -80,18 +80,12 @@ struct LogpEntropy {
     scale: f32,
 }
 
-impl CustomOp1 for LogpEntropy {
-    fn name(&self) -> &'static str {
-        "actguide-logp-entropy"
-    }
+impl Kernel1 for LogpEntropy {
+    const NAME: &'static str = "actguide-logp-entropy";
 
-    fn cpu_fwd(
-        &self,
-        storage: &CpuStorage,
-        layout: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let x = f32_slice(storage, layout, self.name())?;
-        let (n, v) = layout.shape().dims2()?;
+    fn forward(&self, logits: Input<'_>) -> candle_core::Result<(Vec<f32>, Shape)> {
+        let x = logits.data;
+        let (n, v) = logits.shape.dims2()?;
         let scale = self.scale;
         let targets = &self.targets[..];
         let mut out = vec![0f32; n * 4];
@@ -106,10 +100,10 @@ impl CustomOp1 for LogpEntropy {
             o[2] = m;
             o[3] = lse as f32;
         });
-        Ok((CpuStorage::F32(out), Shape::from((n, 4))))
+        Ok((out, Shape::from((n, 4))))
     }
 
-    fn bwd(
+    fn backward(
         &self,
         arg: &Tensor,
         res: &Tensor,
@@ -123,10 +117,10 @@ impl CustomOp1 for LogpEntropy {
         let packed = Tensor::cat(&[&g, &rest], 1)?.contiguous()?;
         Ok(Some(arg.contiguous()?.apply_op2_no_bwd(
             &packed,
-            &LogpEntropyBwd {
+            &Fused2(LogpEntropyBwd {
                 targets: self.targets.clone(),
                 scale: self.scale,
-            },
+            }),
         )?))
     }
 }
@@ -137,28 +131,19 @@ struct LogpEntropyBwd {
     scale: f32,
 }
 
-impl CustomOp2 for LogpEntropyBwd {
-    fn name(&self) -> &'static str {
-        "actguide-logp-entropy-bwd"
-    }
+impl Kernel2 for LogpEntropyBwd {
+    const NAME: &'static str = "actguide-logp-entropy-bwd";
 
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let x = f32_slice(s1, l1, self.name())?;
-        let gp = f32_slice(s2, l2, self.name())?;
-        let (n, v) = l1.shape().dims2()?;
-        if l2.shape().dims2()? != (n, 5) {
+    fn forward(&self, logits: Input<'_>, gp: Input<'_>) -> candle_core::Result<(Vec<f32>, Shape)> {
+        let (n, v) = logits.shape.dims2()?;
+        if gp.shape.dims2()? != (n, 5) {
             candle_core::bail!(
                 "logp-entropy-bwd: bad shapes {:?} {:?}",
-                l1.shape(),
-                l2.shape()
+                logits.shape,
+                gp.shape
             );
         }
+        let (x, gp) = (logits.data, gp.data);
         let scale = self.scale;
         let targets = &self.targets[..];
         let mut out = vec![0f32; n * v];
@@ -173,6 +158,6 @@ impl CustomOp2 for LogpEntropyBwd {
             }
             o[targets[r] as usize] += scale * g_lp;
         });
-        Ok((CpuStorage::F32(out), Shape::from((n, v))))
+        Ok((out, Shape::from((n, v))))
     }
 }

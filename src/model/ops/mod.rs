@@ -13,9 +13,12 @@
 //! [`linear`] (frozen-weight matmul), [`norm`] (RMSNorm), [`rope`]
 //! (rotary embeddings + heads-first transpose), [`mod@swiglu`], [`logp`]
 //! (target log-prob + entropy). This file holds what they share: the
-//! CPU-or-composite switch and the row-parallel loop.
+//! CPU-or-composite switch, the row-parallel loop, and the adapters
+//! ([`Fused1`], [`Fused2`]) that turn an op's f32 kernel ([`Kernel1`],
+//! [`Kernel2`]) into a candle custom op, so each op states only its kernel
+//! and its backward.
 
-use candle_core::{CpuStorage, DType, Layout, Tensor};
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Layout, Shape, Tensor};
 
 mod attention;
 mod blas;
@@ -99,13 +102,137 @@ fn par_rows(out: &mut [f32], row_len: usize, f: impl Fn(usize, &mut [f32]) + Syn
     });
 }
 
+/// The f32 elements of a CPU storage; any other dtype is an error naming
+/// `op`.
+fn f32_data<'a>(s: &'a CpuStorage, op: &str) -> candle_core::Result<&'a [f32]> {
+    match s {
+        CpuStorage::F32(v) => Ok(v),
+        _ => candle_core::bail!("{op}: only f32 is supported"),
+    }
+}
+
+/// The elements of a contiguous f32 CPU storage under `l`; another dtype or
+/// a strided layout is an error naming `op`.
 fn f32_slice<'a>(s: &'a CpuStorage, l: &Layout, op: &str) -> candle_core::Result<&'a [f32]> {
-    let CpuStorage::F32(v) = s else {
-        candle_core::bail!("{op}: only f32 is supported")
-    };
+    let v = f32_data(s, op)?;
     match l.contiguous_offsets() {
         Some((a, b)) => Ok(&v[a..b]),
         None => candle_core::bail!("{op}: input must be contiguous"),
+    }
+}
+
+/// One input of a kernel: its contiguous f32 elements and its shape.
+#[derive(Clone, Copy)]
+struct Input<'a> {
+    data: &'a [f32],
+    shape: &'a Shape,
+}
+
+impl<'a> Input<'a> {
+    fn of(s: &'a CpuStorage, l: &'a Layout, op: &str) -> candle_core::Result<Self> {
+        Ok(Input {
+            data: f32_slice(s, l, op)?,
+            shape: l.shape(),
+        })
+    }
+}
+
+/// A one-input op whose CPU forward is an f32 kernel over a contiguous
+/// input; [`Fused1`] makes it a candle `CustomOp1`.
+trait Kernel1: Send + Sync {
+    /// The op's name in candle's graph and in errors.
+    const NAME: &'static str;
+
+    /// The output's elements and shape.
+    fn forward(&self, x: Input<'_>) -> candle_core::Result<(Vec<f32>, Shape)>;
+
+    /// `CustomOp1::bwd`; the default (candle's) has no backward, as for
+    /// the backward kernels themselves, which run without one.
+    fn backward(
+        &self,
+        _arg: &Tensor,
+        _res: &Tensor,
+        _grad_res: &Tensor,
+    ) -> candle_core::Result<Option<Tensor>> {
+        Err(candle_core::Error::BackwardNotSupported { op: Self::NAME })
+    }
+}
+
+/// A two-input op whose CPU forward is an f32 kernel over contiguous
+/// inputs; [`Fused2`] makes it a candle `CustomOp2`.
+trait Kernel2: Send + Sync {
+    /// The op's name in candle's graph and in errors.
+    const NAME: &'static str;
+
+    /// The output's elements and shape.
+    fn forward(&self, a: Input<'_>, b: Input<'_>) -> candle_core::Result<(Vec<f32>, Shape)>;
+
+    /// `CustomOp2::bwd`; the default (candle's) has no backward.
+    fn backward(
+        &self,
+        _a: &Tensor,
+        _b: &Tensor,
+        _res: &Tensor,
+        _grad_res: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+        Err(candle_core::Error::BackwardNotSupported { op: Self::NAME })
+    }
+}
+
+/// A [`Kernel1`] as a candle custom op: checks that the input is a
+/// contiguous f32 CPU tensor, runs the kernel, wraps its output. (The
+/// callers only apply it where [`fused`] holds.)
+struct Fused1<K>(K);
+
+impl<K: Kernel1> CustomOp1 for Fused1<K> {
+    fn name(&self) -> &'static str {
+        K::NAME
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (out, shape) = self.0.forward(Input::of(s, l, K::NAME)?)?;
+        Ok((CpuStorage::F32(out), shape))
+    }
+
+    fn bwd(
+        &self,
+        arg: &Tensor,
+        res: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<Option<Tensor>> {
+        self.0.backward(arg, res, grad)
+    }
+}
+
+/// A [`Kernel2`] as a candle custom op (see [`Fused1`]).
+struct Fused2<K>(K);
+
+impl<K: Kernel2> CustomOp2 for Fused2<K> {
+    fn name(&self) -> &'static str {
+        K::NAME
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let a = Input::of(s1, l1, K::NAME)?;
+        let b = Input::of(s2, l2, K::NAME)?;
+        let (out, shape) = self.0.forward(a, b)?;
+        Ok((CpuStorage::F32(out), shape))
+    }
+
+    fn bwd(
+        &self,
+        a: &Tensor,
+        b: &Tensor,
+        res: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+        self.0.backward(a, b, res, grad)
     }
 }
 

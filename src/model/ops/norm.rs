@@ -1,8 +1,8 @@
 //! RMSNorm (HF `LlamaRMSNorm`) with its backward.
 
-use candle_core::{CpuStorage, CustomOp2, DType, Layout, Shape, Tensor, D};
+use candle_core::{DType, Shape, Tensor, D};
 
-use super::{f32_slice, fused, par_rows};
+use super::{fused, par_rows, Fused2, Input, Kernel2};
 use crate::model::error::Result;
 
 /// RMSNorm over the last dim, `x * rsqrt(mean(x^2) + eps) * w` (HF
@@ -11,7 +11,7 @@ pub(crate) fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
     if fused(x) {
         return Ok(x
             .contiguous()?
-            .apply_op2(&w.contiguous()?, RmsNorm { eps: eps as f32 })?);
+            .apply_op2(&w.contiguous()?, Fused2(RmsNorm { eps: eps as f32 }))?);
     }
     // Statistics and normalisation in f32, then back to the input's dtype
     // before the weight (HF LlamaRMSNorm's order).
@@ -31,28 +31,16 @@ struct RmsNorm {
     eps: f32,
 }
 
-impl CustomOp2 for RmsNorm {
-    fn name(&self) -> &'static str {
-        "actguide-rms-norm"
-    }
+impl Kernel2 for RmsNorm {
+    const NAME: &'static str = "actguide-rms-norm";
 
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let x = f32_slice(s1, l1, self.name())?;
-        let w = f32_slice(s2, l2, self.name())?;
-        let h = *l1.shape().dims().last().unwrap_or(&1);
-        if w.len() != h {
-            candle_core::bail!(
-                "rms-norm: weight {:?} vs input {:?}",
-                l2.shape(),
-                l1.shape()
-            );
+    fn forward(&self, input: Input<'_>, w: Input<'_>) -> candle_core::Result<(Vec<f32>, Shape)> {
+        let x = input.data;
+        let h = *input.shape.dims().last().unwrap_or(&1);
+        if w.data.len() != h {
+            candle_core::bail!("rms-norm: weight {:?} vs input {:?}", w.shape, input.shape);
         }
+        let w = w.data;
         let eps = self.eps;
         let mut out = vec![0f32; x.len()];
         par_rows(&mut out, h, |r, row| {
@@ -62,10 +50,10 @@ impl CustomOp2 for RmsNorm {
                 *o = xv * inv * wv;
             }
         });
-        Ok((CpuStorage::F32(out), l1.shape().clone()))
+        Ok((out, input.shape.clone()))
     }
 
-    fn bwd(
+    fn backward(
         &self,
         x: &Tensor,
         w: &Tensor,
@@ -80,7 +68,7 @@ impl CustomOp2 for RmsNorm {
         // One op returns [dx; dw] as (rows + 1, h); split it here.
         let both = x2.apply_op2_no_bwd(
             &Tensor::cat(&[&g2, &w.unsqueeze(0)?], 0)?,
-            &RmsNormBwd { eps: self.eps },
+            &Fused2(RmsNormBwd { eps: self.eps }),
         )?;
         let dx = both.narrow(0, 0, rows)?.reshape(x.shape())?;
         let dw = both.narrow(0, rows, 1)?.squeeze(0)?;
@@ -96,24 +84,15 @@ struct RmsNormBwd {
     eps: f32,
 }
 
-impl CustomOp2 for RmsNormBwd {
-    fn name(&self) -> &'static str {
-        "actguide-rms-norm-bwd"
-    }
+impl Kernel2 for RmsNormBwd {
+    const NAME: &'static str = "actguide-rms-norm-bwd";
 
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let x = f32_slice(s1, l1, self.name())?;
-        let gw = f32_slice(s2, l2, self.name())?;
-        let (rows, h) = l1.shape().dims2()?;
-        if l2.shape().dims2()? != (rows + 1, h) {
-            candle_core::bail!("rms-norm-bwd: bad shapes {:?} {:?}", l1.shape(), l2.shape());
+    fn forward(&self, x: Input<'_>, gw: Input<'_>) -> candle_core::Result<(Vec<f32>, Shape)> {
+        let (rows, h) = x.shape.dims2()?;
+        if gw.shape.dims2()? != (rows + 1, h) {
+            candle_core::bail!("rms-norm-bwd: bad shapes {:?} {:?}", x.shape, gw.shape);
         }
+        let (x, gw) = (x.data, gw.data);
         let (g, w) = gw.split_at(rows * h);
         let eps = self.eps;
         let mut out = vec![0f32; (rows + 1) * h];
@@ -136,6 +115,6 @@ impl CustomOp2 for RmsNormBwd {
                 *d += gv * xv * inv;
             }
         }
-        Ok((CpuStorage::F32(out), Shape::from((rows + 1, h))))
+        Ok((out, Shape::from((rows + 1, h))))
     }
 }

@@ -3,9 +3,9 @@
 
 use std::sync::Arc;
 
-use candle_core::{CpuStorage, CustomOp1, Device, Layout, Shape, Tensor, D};
+use candle_core::{Device, Shape, Tensor, D};
 
-use super::{f32_slice, fused, par_rows};
+use super::{fused, par_rows, Fused1, Input, Kernel1};
 use crate::model::error::{ModelError, Result};
 
 /// Rotary cos/sin values for a batch: `rows` (1 = shared by every sequence,
@@ -75,10 +75,10 @@ pub(crate) fn rope_heads_first(x: &Tensor, tables: &RopeTables) -> Result<Tensor
         )));
     }
     if fused(x) {
-        return Ok(x.contiguous()?.apply_op1(Rope {
+        return Ok(x.contiguous()?.apply_op1(Fused1(Rope {
             tables: tables.clone(),
             inverse: false,
-        })?);
+        }))?);
     }
     rope_heads_first_composite(x, tables)
 }
@@ -102,18 +102,12 @@ struct Rope {
     inverse: bool,
 }
 
-impl CustomOp1 for Rope {
-    fn name(&self) -> &'static str {
-        "actguide-rope"
-    }
+impl Kernel1 for Rope {
+    const NAME: &'static str = "actguide-rope";
 
-    fn cpu_fwd(
-        &self,
-        storage: &CpuStorage,
-        layout: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let x = f32_slice(storage, layout, self.name())?;
-        let (d0, d1, d2, d) = layout.shape().dims4()?;
+    fn forward(&self, input: Input<'_>) -> candle_core::Result<(Vec<f32>, Shape)> {
+        let x = input.data;
+        let (d0, d1, d2, d) = input.shape.dims4()?;
         // Input index order: forward (b, t, h, d); inverse (b, h, t, d).
         let (b, t, h) = if self.inverse {
             (d0, d2, d1)
@@ -156,19 +150,19 @@ impl CustomOp1 for Rope {
             }
         });
         let shape = if inverse { (b, t, h, d) } else { (b, h, t, d) };
-        Ok((CpuStorage::F32(out), Shape::from(shape)))
+        Ok((out, Shape::from(shape)))
     }
 
-    fn bwd(
+    fn backward(
         &self,
         _arg: &Tensor,
         _res: &Tensor,
         grad_res: &Tensor,
     ) -> candle_core::Result<Option<Tensor>> {
         let g = grad_res.contiguous()?;
-        Ok(Some(g.apply_op1(Rope {
+        Ok(Some(g.apply_op1(Fused1(Rope {
             tables: self.tables.clone(),
             inverse: !self.inverse,
-        })?))
+        }))?))
     }
 }

@@ -1,9 +1,9 @@
 //! Causal softmax (scale + causal mask + softmax over the last dim) with
 //! its backward, for attention scores on the training path.
 
-use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Layout, Shape, Tensor, D};
+use candle_core::{DType, Shape, Tensor, D};
 
-use super::{f32_slice, fused, par_rows};
+use super::{fused, par_rows, Fused1, Fused2, Input, Kernel1, Kernel2};
 use crate::model::error::Result;
 
 /// Causal softmax over the last dim of `x` `(..., q_len, s)`, after scaling
@@ -13,10 +13,10 @@ use crate::model::error::Result;
 pub(crate) fn causal_softmax(x: &Tensor, scale: f64, q_len: usize) -> Result<Tensor> {
     let s = x.dim(D::Minus1)?;
     if fused(x) {
-        return Ok(x.contiguous()?.apply_op1(CausalSoftmax {
+        return Ok(x.contiguous()?.apply_op1(Fused1(CausalSoftmax {
             scale: scale as f32,
             q_len,
-        })?);
+        }))?);
     }
     // Composite fallback, in f32 whatever the input's dtype (as HF does).
     let dt = x.dtype();
@@ -46,18 +46,12 @@ struct CausalSoftmax {
     q_len: usize,
 }
 
-impl CustomOp1 for CausalSoftmax {
-    fn name(&self) -> &'static str {
-        "actguide-causal-softmax"
-    }
+impl Kernel1 for CausalSoftmax {
+    const NAME: &'static str = "actguide-causal-softmax";
 
-    fn cpu_fwd(
-        &self,
-        storage: &CpuStorage,
-        layout: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let x = f32_slice(storage, layout, self.name())?;
-        let dims = layout.shape().dims();
+    fn forward(&self, input: Input<'_>) -> candle_core::Result<(Vec<f32>, Shape)> {
+        let x = input.data;
+        let dims = input.shape.dims();
         let s = *dims.last().unwrap_or(&1);
         let q_len = self.q_len.max(1);
         if s < q_len || (!x.is_empty() && !(x.len() / s.max(1)).is_multiple_of(q_len)) {
@@ -80,10 +74,10 @@ impl CustomOp1 for CausalSoftmax {
                 *o *= inv;
             }
         });
-        Ok((CpuStorage::F32(out), layout.shape().clone()))
+        Ok((out, input.shape.clone()))
     }
 
-    fn bwd(
+    fn backward(
         &self,
         _arg: &Tensor,
         res: &Tensor,
@@ -91,9 +85,10 @@ impl CustomOp1 for CausalSoftmax {
     ) -> candle_core::Result<Option<Tensor>> {
         let g = grad_res.contiguous()?;
         let y = res.contiguous()?;
-        Ok(Some(
-            y.apply_op2_no_bwd(&g, &SoftmaxBwd { scale: self.scale })?,
-        ))
+        Ok(Some(y.apply_op2_no_bwd(
+            &g,
+            &Fused2(SoftmaxBwd { scale: self.scale }),
+        )?))
     }
 }
 
@@ -103,24 +98,16 @@ struct SoftmaxBwd {
     scale: f32,
 }
 
-impl CustomOp2 for SoftmaxBwd {
-    fn name(&self) -> &'static str {
-        "actguide-softmax-bwd"
-    }
+impl Kernel2 for SoftmaxBwd {
+    const NAME: &'static str = "actguide-softmax-bwd";
 
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let y = f32_slice(s1, l1, self.name())?;
-        let g = f32_slice(s2, l2, self.name())?;
-        if l1.shape() != l2.shape() {
-            candle_core::bail!("softmax-bwd: shapes {:?} vs {:?}", l1.shape(), l2.shape());
+    fn forward(&self, y: Input<'_>, g: Input<'_>) -> candle_core::Result<(Vec<f32>, Shape)> {
+        if y.shape != g.shape {
+            candle_core::bail!("softmax-bwd: shapes {:?} vs {:?}", y.shape, g.shape);
         }
-        let s = *l1.shape().dims().last().unwrap_or(&1);
+        let shape = y.shape.clone();
+        let (y, g) = (y.data, g.data);
+        let s = *shape.dims().last().unwrap_or(&1);
         let scale = self.scale;
         let mut out = vec![0f32; y.len()];
         par_rows(&mut out, s, |r, row| {
@@ -131,6 +118,6 @@ impl CustomOp2 for SoftmaxBwd {
                 *o = scale * yv * (gv - dot);
             }
         });
-        Ok((CpuStorage::F32(out), l1.shape().clone()))
+        Ok((out, shape))
     }
 }

@@ -1,15 +1,15 @@
 //! SwiGLU on the fused `[gate | up]` projection, with its backward.
 
-use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor, D};
+use candle_core::{Shape, Tensor, D};
 
-use super::{f32_slice, fused, par_rows};
+use super::{fused, par_rows, Fused1, Fused2, Input, Kernel1, Kernel2};
 use crate::model::error::Result;
 
 /// `silu(gu[:, :i]) * gu[:, i:]` for the fused `[gate | up]` projection
 /// `gu` `(rows, 2 * i)`; differentiable.
 pub(crate) fn swiglu(gu: &Tensor) -> Result<Tensor> {
     if fused(gu) {
-        return Ok(gu.contiguous()?.apply_op1(SwiGlu)?);
+        return Ok(gu.contiguous()?.apply_op1(Fused1(SwiGlu))?);
     }
     swiglu_composite(gu)
 }
@@ -21,18 +21,12 @@ pub(crate) fn swiglu_composite(gu: &Tensor) -> Result<Tensor> {
 
 struct SwiGlu;
 
-impl CustomOp1 for SwiGlu {
-    fn name(&self) -> &'static str {
-        "actguide-swiglu"
-    }
+impl Kernel1 for SwiGlu {
+    const NAME: &'static str = "actguide-swiglu";
 
-    fn cpu_fwd(
-        &self,
-        storage: &CpuStorage,
-        layout: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let x = f32_slice(storage, layout, self.name())?;
-        let mut dims = layout.shape().dims().to_vec();
+    fn forward(&self, input: Input<'_>) -> candle_core::Result<(Vec<f32>, Shape)> {
+        let x = input.data;
+        let mut dims = input.shape.dims().to_vec();
         let two_i = *dims.last().unwrap_or(&0);
         if !two_i.is_multiple_of(2) {
             candle_core::bail!("swiglu: odd last dim {two_i}");
@@ -48,42 +42,36 @@ impl CustomOp1 for SwiGlu {
         if let Some(last) = dims.last_mut() {
             *last = i;
         }
-        Ok((CpuStorage::F32(out), Shape::from(dims)))
+        Ok((out, Shape::from(dims)))
     }
 
-    fn bwd(
+    fn backward(
         &self,
         arg: &Tensor,
         _res: &Tensor,
         grad_res: &Tensor,
     ) -> candle_core::Result<Option<Tensor>> {
         let g = grad_res.contiguous()?;
-        Ok(Some(arg.contiguous()?.apply_op2_no_bwd(&g, &SwiGluBwd)?))
+        Ok(Some(
+            arg.contiguous()?.apply_op2_no_bwd(&g, &Fused2(SwiGluBwd))?,
+        ))
     }
 }
 
 /// `(gu, grad_out)` → `d gu`: `[go * u * silu'(g) | go * silu(g)]`.
 struct SwiGluBwd;
 
-impl CustomOp2 for SwiGluBwd {
-    fn name(&self) -> &'static str {
-        "actguide-swiglu-bwd"
-    }
+impl Kernel2 for SwiGluBwd {
+    const NAME: &'static str = "actguide-swiglu-bwd";
 
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let x = f32_slice(s1, l1, self.name())?;
-        let go = f32_slice(s2, l2, self.name())?;
-        let two_i = *l1.shape().dims().last().unwrap_or(&0);
+    fn forward(&self, gu: Input<'_>, go: Input<'_>) -> candle_core::Result<(Vec<f32>, Shape)> {
+        let (x, shape) = (gu.data, gu.shape);
+        let two_i = *shape.dims().last().unwrap_or(&0);
         let i = two_i / 2;
-        if go.len() * 2 != x.len() {
-            candle_core::bail!("swiglu-bwd: shapes {:?} vs {:?}", l1.shape(), l2.shape());
+        if go.data.len() * 2 != x.len() {
+            candle_core::bail!("swiglu-bwd: shapes {:?} vs {:?}", shape, go.shape);
         }
+        let go = go.data;
         let mut out = vec![0f32; x.len()];
         par_rows(&mut out, two_i, |r, row| {
             let (g, u) = x[r * two_i..(r + 1) * two_i].split_at(i);
@@ -96,6 +84,6 @@ impl CustomOp2 for SwiGluBwd {
                 du[j] = gor[j] * silu;
             }
         });
-        Ok((CpuStorage::F32(out), l1.shape().clone()))
+        Ok((out, shape.clone()))
     }
 }

@@ -513,3 +513,69 @@ fn packed_bf16_weights_match_unpacked_products() {
         }
     }
 }
+
+/// A test kernel: `2x`, with no backward.
+struct Double;
+
+impl Kernel1 for Double {
+    const NAME: &'static str = "test-double";
+
+    fn forward(&self, x: Input<'_>) -> candle_core::Result<(Vec<f32>, Shape)> {
+        Ok((x.data.iter().map(|v| 2.0 * v).collect(), x.shape.clone()))
+    }
+}
+
+/// A test kernel: `a + b` of equal shapes, with no backward.
+struct Add;
+
+impl Kernel2 for Add {
+    const NAME: &'static str = "test-add";
+
+    fn forward(&self, a: Input<'_>, b: Input<'_>) -> candle_core::Result<(Vec<f32>, Shape)> {
+        let sum = a.data.iter().zip(b.data).map(|(x, y)| x + y).collect();
+        Ok((sum, a.shape.clone()))
+    }
+}
+
+#[test]
+fn the_kernel_adapters_run_contiguous_f32_and_refuse_the_rest_by_op_name() {
+    let x = Tensor::arange(0f32, 6.0, &Device::Cpu)
+        .unwrap()
+        .reshape((2, 3))
+        .unwrap();
+    let y = x.apply_op1_no_bwd(&Fused1(Double)).unwrap();
+    assert_eq!(y.dims(), &[2, 3]);
+    assert_eq!(
+        y.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+        [0.0, 2.0, 4.0, 6.0, 8.0, 10.0]
+    );
+    let s = x.apply_op2_no_bwd(&y, &Fused2(Add)).unwrap();
+    assert_eq!(
+        s.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+        [0.0, 3.0, 6.0, 9.0, 12.0, 15.0]
+    );
+    let err = |r: candle_core::Result<Tensor>| r.unwrap_err().to_string();
+    let bf16 = x.to_dtype(DType::BF16).unwrap();
+    let e = err(bf16.apply_op1_no_bwd(&Fused1(Double)));
+    assert!(e.contains("test-double: only f32 is supported"), "{e}");
+    let strided = x.t().unwrap();
+    let e = err(strided.apply_op1_no_bwd(&Fused1(Double)));
+    assert!(e.contains("test-double: input must be contiguous"), "{e}");
+    // Either input of a two-input kernel is checked.
+    let e = err(x.apply_op2_no_bwd(&bf16, &Fused2(Add)));
+    assert!(e.contains("test-add: only f32 is supported"), "{e}");
+    let xt = x.t().unwrap().contiguous().unwrap();
+    let e = err(xt.apply_op2_no_bwd(&strided, &Fused2(Add)));
+    assert!(e.contains("test-add: input must be contiguous"), "{e}");
+}
+
+#[test]
+fn a_kernel_without_a_backward_names_itself_when_differentiated() {
+    let x = Var::from_tensor(&Tensor::ones((2, 3), DType::F32, &Device::Cpu).unwrap()).unwrap();
+    let y = x.as_tensor().apply_op1(Fused1(Double)).unwrap();
+    let e = y.sum_all().unwrap().backward().unwrap_err().to_string();
+    assert!(e.contains("test-double"), "{e}");
+    let y = x.as_tensor().apply_op2(x.as_tensor(), Fused2(Add)).unwrap();
+    let e = y.sum_all().unwrap().backward().unwrap_err().to_string();
+    assert!(e.contains("test-add"), "{e}");
+}

@@ -230,7 +230,7 @@ fn bf16_rollout_weights_track_the_f32_policy() {
     assert!(before < 0.1, "bf16 behaviour log-probs off by {before}");
     // The memory estimate covers the packed copies generation built.
     let packed = p.rollout_packed_bytes().expect("MKL packs bf16 weights") as u64;
-    let counted = crate::experiment::memory::Footprint::of(&p).rollout_copies;
+    let counted = crate::model::memory::Footprint::of(&p).rollout_copies;
     assert!(
         counted >= packed && counted <= packed + 4 * p.num_params() as u64,
         "estimate {counted} against {packed} packed bytes"
@@ -262,7 +262,7 @@ fn f32_rollout_packs_track_the_policy() {
         .generate(&prompt, &opts(2, 1.0, 1.0, false), None, &mut rng)
         .unwrap();
     assert!(small.rollout_packed_bytes().is_none());
-    let counted = crate::experiment::memory::Footprint::of(&small).rollout_copies;
+    let counted = crate::model::memory::Footprint::of(&small).rollout_copies;
     assert_eq!(counted, 0);
     // Pack this tiny model's weights (on this thread).
     crate::model::ops::PACK_MIN_ELEMS_OVERRIDE.with(|c| c.set(Some(0)));
@@ -288,7 +288,7 @@ fn f32_rollout_packs_track_the_policy() {
         "{packed} packed bytes for {matrices} weights"
     );
     let packed = packed as u64;
-    let counted = crate::experiment::memory::Footprint::of(&p).rollout_copies;
+    let counted = crate::model::memory::Footprint::of(&p).rollout_copies;
     assert!(
         counted >= packed && counted <= 2 * packed,
         "estimate {counted} against {packed} packed bytes"

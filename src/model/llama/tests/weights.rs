@@ -156,3 +156,35 @@ fn new_random_is_seeded() {
         .1;
     assert!(norm.to_vec1::<f32>().unwrap().iter().all(|&x| x == 1.0));
 }
+
+#[test]
+fn policy_new_derives_the_rest_of_the_state_from_its_parts() {
+    let p = policy(false, 23);
+    p.set_dropout_seed(Some(5));
+    let q = Policy::new(PolicyParts {
+        cfg: p.config().clone(),
+        arch: p.arch().clone(),
+        device: p.device().clone(),
+        dtype: p.dtype(),
+        w: p.weights().clone(),
+        vars: p.named_vars(),
+        lora: None,
+    });
+    // The rotary frequencies are the architecture's; dropout and bf16
+    // rollout copies start off, whatever the source policy had.
+    assert_eq!(q.inv_freq, p.arch().inv_freq(p.config()));
+    assert_eq!(q.inv_freq, p.inv_freq);
+    assert!(q.dropout_rng().is_none() && !q.rollout_bf16());
+    assert!(q.is_trainable() && q.lora().is_none());
+    let batch = ScoreBatch {
+        seqs: vec![vec![3, 4, 5, 6, 7]],
+        targets: vec![vec![2, 4]],
+        temperature: 1.0,
+        share_prefixes: false,
+    };
+    assert_eq!(score_vec(&q, &batch), score_vec(&p, &batch));
+    // The copies built through it start the same way.
+    let f = p.frozen_copy().unwrap();
+    assert_eq!(f.inv_freq, p.inv_freq);
+    assert!(f.dropout_rng().is_none());
+}

@@ -1,6 +1,9 @@
-//! The peak memory of a run, estimated before it starts, and the refusal
-//! of a configuration that cannot fit (with a `trainer.micro_batch` that
-//! can).
+//! The peak memory of a training run of the policy, estimated before it
+//! starts, and the refusal of a configuration that cannot fit (with a
+//! `trainer.micro_batch` that can). The model owns the estimate because it
+//! models the policy's own tensors; the run supplies the shape (micro-batch,
+//! rollout batch, probed sequence length, KL reference) and calls
+//! [`before_loading`] and [`before_start`].
 //!
 //! What a step holds at its peak: the stored weights (trained `Var`s in
 //! f32, frozen ones in the compute dtype), the gradients and AdamW's two
@@ -9,9 +12,7 @@
 //! copy of the weights for generation plus the KV cache of the whole
 //! rollout batch) and the training micro-batch, whose autograd graph keeps
 //! every layer's activations of `micro_batch` sequences until the backward
-//! pass (see [`train_bytes_per_token`]). The sequence length comes from
-//! the panel: the longest expert trajectory's prompts with the whole plan
-//! shown, plus an answer of `max_action_tokens`.
+//! pass (see [`train_bytes_per_token`]).
 //!
 //! The activation model counts the tensors the training path saves per
 //! token and layer, calibrated against the peak resident memory of real
@@ -173,29 +174,31 @@ impl Footprint {
 }
 
 /// Refuses, before any weight is allocated, a model whose weights,
-/// optimizer state and KL reference alone (one token of one sequence on
-/// top) cannot fit in the memory `limit` (else what `device` has free);
-/// the full estimate follows once the policy is built.
+/// optimizer state and KL reference (`reference`) alone, one token of one
+/// sequence on top, cannot fit in the memory `limit` (else what `device`
+/// has free; `name` names the device in the refusal). `fp` is the config's
+/// [`Footprint::lower_bound`]; the full estimate ([`before_start`]) follows
+/// once the policy is built.
 pub fn before_loading(
-    exp: &crate::experiment::Experiment,
-    cfg: &ModelConfig,
+    fp: &Footprint,
+    reference: bool,
     limit: Option<u64>,
     device: &candle_core::Device,
+    name: &str,
 ) -> Result<(), Box<MemoryError>> {
-    let fp = Footprint::lower_bound(cfg, exp.model.precision(), exp.model.lora.is_some());
     let est = estimate_for(
-        &fp,
+        fp,
         &RunShape {
             micro_batch: 1,
             rollout_batch: 0,
             seq_len: 1,
-            reference: exp.trainer.kl_coef > 0.0,
+            reference,
         },
     );
     let Some(total) = limit.or_else(|| available(device)) else {
         return Ok(());
     };
-    check(&est, total, &exp.model.device.to_string())
+    check(&est, total, name)
 }
 
 /// The cached rollout weights of `policy`: under `model.rollout_bf16` the
@@ -373,99 +376,27 @@ pub fn check(est: &MemoryEstimate, total: u64, device: &str) -> Result<(), Box<M
     }))
 }
 
-/// The longest training sequence of a run on `tasks`, measured: the
-/// expert trajectories of the (up to) 8 tasks with the longest experts are
-/// rolled through the env with the whole plan shown (the longest prompts
-/// guidance can make), and the longest prompt gets an answer of
-/// `max_action_tokens`. Draws from its own seed stream, so the run's
-/// random draws do not change.
-pub fn probe_seq_len(
+/// Estimates the peak of a run of `policy` with `shape` and refuses it
+/// when it cannot fit in the memory `limit` (else what the policy's device
+/// reports; `name` names the device). Returns the line to log: the
+/// estimate against the usable memory, or the estimate alone when the
+/// device's memory is unknown.
+pub fn before_start(
     policy: &Policy,
-    tok: &crate::model::Tok,
-    make: &dyn Fn(usize) -> Box<dyn crate::env::Env>,
-    tasks: &[crate::env::Task],
-    opts: &crate::rollout::RolloutOptions,
-    seed: u64,
-) -> Result<usize, crate::rollout::RolloutError> {
-    use crate::guidance::ResolvedSpec;
-    use crate::rollout::EpisodeRequest;
-    let mut order: Vec<&crate::env::Task> = tasks.iter().collect();
-    order.sort_by_key(|t| std::cmp::Reverse(t.expert.len()));
-    let reqs: Vec<EpisodeRequest> = order
-        .into_iter()
-        .take(8)
-        .map(|t| EpisodeRequest {
-            task: t,
-            spec: ResolvedSpec {
-                expert: true,
-                plan: t.expert.len(),
-                ..Default::default()
-            },
-        })
-        .collect();
-    let mut rng = crate::seed::rng(seed, &[crate::seed::label("memory-probe")]);
-    let (eps, _) = crate::rollout::run(policy, tok, make, &reqs, opts, &mut rng, None)?;
-    let longest = eps
-        .iter()
-        .flat_map(|e| &e.turns)
-        .map(|t| {
-            t.prompt_ids
-                .len()
-                .max(t.unguided_prompt_ids.as_ref().map_or(0, Vec::len))
-        })
-        .max()
-        .unwrap_or(0);
-    Ok(longest + opts.max_action_tokens)
-}
-
-/// What a command checks before it starts (see [`before_start`]).
-pub struct StartCheck<'a> {
-    /// The seed, env kind, `trainer.micro_batch` and `model.device` come
-    /// from here.
-    pub exp: &'a crate::experiment::Experiment,
-    pub policy: &'a Policy,
-    pub tok: &'a crate::model::Tok,
-    pub make: &'a dyn Fn(usize) -> Box<dyn crate::env::Env>,
-    /// Tasks whose expert trajectories give the sequence length.
-    pub tasks: &'a [crate::env::Task],
-    pub opts: &'a crate::rollout::RolloutOptions,
-    /// Episodes generated together (0: none, as in SFT).
-    pub rollout_batch: usize,
-    /// Whether a frozen KL reference is kept.
-    pub reference: bool,
-    /// Bytes to plan for instead of what the device reports.
-    pub limit: Option<u64>,
-}
-
-/// Estimates a run's peak and refuses it when it cannot fit; returns the
-/// line to log (the estimate, or why there is none). External envs are not
-/// probed (the probe's episodes would reach the server).
-pub fn before_start(c: &StartCheck<'_>) -> Result<String, crate::experiment::RunError> {
-    if !matches!(c.exp.env.kind, crate::env::EnvKindName::Builtin(_)) {
-        return Ok(
-            "memory estimate skipped: an external env's prompt lengths are not probed".into(),
-        );
-    }
-    let seq_len = probe_seq_len(c.policy, c.tok, c.make, c.tasks, c.opts, c.exp.seed)?;
-    let est = estimate(
-        c.policy,
-        &RunShape {
-            micro_batch: c.exp.trainer.micro_batch,
-            rollout_batch: c.rollout_batch,
-            seq_len,
-            reference: c.reference,
-        },
-    );
-    let device = c.exp.model.device.to_string();
-    let Some(total) = c.limit.or_else(|| available(c.policy.device())) else {
+    shape: &RunShape,
+    limit: Option<u64>,
+    name: &str,
+) -> Result<String, Box<MemoryError>> {
+    let est = estimate(policy, shape);
+    let Some(total) = limit.or_else(|| available(policy.device())) else {
         return Ok(format!(
-            "memory estimate: peak about {} (the free memory of {device} is unknown)",
+            "memory estimate: peak about {} (the free memory of {name} is unknown)",
             gib(est.peak())
         ));
     };
-    check(&est, total, &device)?;
+    check(&est, total, name)?;
     Ok(format!(
-        "memory estimate: peak about {} of {} usable on {device} (micro-batch {} × {} tokens)",
+        "memory estimate: peak about {} of {} usable on {name} (micro-batch {} × {} tokens)",
         gib(est.peak()),
         gib(budget(total)),
         est.micro_batch,
@@ -574,5 +505,39 @@ mod tests {
         let lora = estimate_for(&footprint(true, Precision::Bf16), &shape);
         assert_eq!(lora.weights, 134_515_008 * 2 + 2_442_240 * 4);
         assert!(lora.peak() < full.peak() / 2);
+    }
+
+    #[test]
+    fn before_loading_refuses_a_config_whose_weights_alone_do_not_fit() {
+        let cpu = candle_core::Device::Cpu;
+        let fp = Footprint::lower_bound(&smollm2(), Precision::F32, false);
+        // Full training in f32: 16 bytes per parameter, about 2 GiB, more
+        // than 85% of 2 GiB.
+        let err = before_loading(&fp, false, Some(2 << 30), &cpu, "cpu").unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.contains("usable on cpu") && msg.contains("model.lora"),
+            "{msg}"
+        );
+        assert!(before_loading(&fp, false, Some(8 << 30), &cpu, "cpu").is_ok());
+        // The KL reference adds a copy of the weights in the compute dtype.
+        let with_ref = 8u64 << 30;
+        let est = |reference| {
+            estimate_for(
+                &fp,
+                &RunShape {
+                    micro_batch: 1,
+                    rollout_batch: 0,
+                    seq_len: 1,
+                    reference,
+                },
+            )
+        };
+        assert_eq!(est(true).reference, fp.params * 4);
+        assert!(before_loading(&fp, true, Some(with_ref), &cpu, "cpu").is_ok());
+        // LoRA trains no base weight: the same model fits in 2 GiB.
+        let lora = Footprint::lower_bound(&smollm2(), Precision::F32, true);
+        assert!(before_loading(&lora, false, Some(2 << 30), &cpu, "cpu").is_ok());
+        assert!(est(false).peak() < est(true).peak());
     }
 }
