@@ -8,6 +8,8 @@ use clap::{Args, Subcommand};
 
 use actguide::env::panel;
 
+use super::args::IdField;
+
 // Flags of `actguide tasks`: only its subcommand.
 #[derive(Args)]
 pub struct TasksArgs {
@@ -127,9 +129,9 @@ struct StatsArgs {
     /// An AgentGym-style HTTP env server.
     #[arg(long, conflicts_with = "command")]
     url: Option<String>,
-    /// http: the server's id field ("id" or "env_idx").
-    #[arg(long, default_value = "id")]
-    id_field: String,
+    /// http: the key the server names its envs by.
+    #[arg(long, value_enum, default_value_t = IdField::Id)]
+    id_field: IdField,
     /// A subprocess env (envs/PROTOCOL.md): the program and its arguments,
     /// after `--`.
     #[arg(last = true)]
@@ -150,7 +152,7 @@ fn stats(a: StatsArgs) -> Result<()> {
         (Some(url), _) => EnvSpec {
             kind: EnvKind::Http {
                 url,
-                id_field: a.id_field,
+                id_field: a.id_field.key(),
                 expert: Default::default(),
             },
             ..EnvSpec::builtin(a.env)
@@ -194,9 +196,9 @@ struct FromServerArgs {
     /// `reset:info.extra.expert_plan`).
     #[arg(long, default_value = "task")]
     expert: actguide::env::ExpertSource,
-    /// http: the server's id field ("id" or "env_idx").
-    #[arg(long, default_value = "id")]
-    id_field: String,
+    /// http: the key the server names its envs by.
+    #[arg(long, value_enum, default_value_t = IdField::Id)]
+    id_field: IdField,
     /// A subprocess env (envs/PROTOCOL.md): the program and its arguments,
     /// after `--`.
     #[arg(last = true)]
@@ -236,7 +238,7 @@ fn from_server(a: FromServerArgs) -> Result<()> {
     let kind = match a.url {
         Some(url) => EnvKind::Http {
             url,
-            id_field: a.id_field,
+            id_field: a.id_field.key(),
             expert: a.expert.clone(),
         },
         None => EnvKind::Subprocess {
