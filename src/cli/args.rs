@@ -25,12 +25,14 @@ impl DeviceArg {
 /// The value name every `--panel` flag shows.
 pub const PANEL: &str = "test|train|PATH";
 
-/// `--protocol` of `serve-env`: how the env is served.
+/// `--protocol` of `serve-env`: how the env is served. (The variants have
+/// no doc comments: those would turn `--help` into one block per value;
+/// the flag's help line says what each is.)
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Protocol {
-    /// NDJSON on stdin/stdout (envs/PROTOCOL.md).
+    // NDJSON on stdin/stdout (envs/PROTOCOL.md).
     Stdio,
-    /// AgentGym's HTTP API.
+    // AgentGym's HTTP API.
     Http,
 }
 
@@ -38,10 +40,10 @@ pub enum Protocol {
 /// by (`env.id_field` of an experiment file).
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum IdField {
-    /// The ALFWorld adapter (and `actguide serve-env`).
+    // The ALFWorld adapter (and `actguide serve-env`).
     #[value(name = "id")]
     Id,
-    /// The WebShop adapter.
+    // The WebShop adapter.
     #[value(name = "env_idx")]
     EnvIdx,
 }

@@ -18,6 +18,7 @@ use super::args::{Protocol, PANEL};
 pub struct ServeEnvArgs {
     #[arg(long, default_value = "household")]
     env: BuiltinEnv,
+    /// NDJSON on stdin/stdout (envs/PROTOCOL.md) or AgentGym's HTTP API.
     #[arg(long, value_enum, default_value_t = Protocol::Stdio)]
     protocol: Protocol,
     /// HTTP port (0: any free port; the URL is printed first).

@@ -258,3 +258,37 @@ fn compare(c: &Comparison, opts: &RunOptions, jobs: usize, plain: bool) -> Resul
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(experiment: Option<&str>, resume: Option<&str>) -> LoopArgs {
+        LoopArgs {
+            experiment: experiment.map(PathBuf::from),
+            resume: resume.map(PathBuf::from),
+            stop_after: None,
+            plain: true,
+        }
+    }
+
+    #[test]
+    fn run_and_sft_take_a_file_or_a_run_directory_not_both() {
+        let e = load(&args(None, None), "examples/sft.rhai").err().unwrap();
+        assert_eq!(
+            e.to_string(),
+            "give an experiment file (e.g. examples/sft.rhai) or --resume RUN_DIR"
+        );
+        let e = load(&args(Some("a.rhai"), Some("runs/a")), "x")
+            .err()
+            .unwrap();
+        assert_eq!(
+            e.to_string(),
+            "give either an experiment file or --resume RUN_DIR, not both"
+        );
+        let e = load(&args(None, Some("/nonexistent/run")), "x")
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("resolved config"), "{e:#}");
+    }
+}

@@ -129,7 +129,8 @@ struct StatsArgs {
     /// An AgentGym-style HTTP env server.
     #[arg(long, conflicts_with = "command")]
     url: Option<String>,
-    /// http: the key the server names its envs by.
+    /// http: the key the server names its envs by (id: ALFWorld, env_idx:
+    /// WebShop).
     #[arg(long, value_enum, default_value_t = IdField::Id)]
     id_field: IdField,
     /// A subprocess env (envs/PROTOCOL.md): the program and its arguments,
@@ -188,15 +189,13 @@ struct FromServerArgs {
     /// An AgentGym-style HTTP env server.
     #[arg(long, conflicts_with = "command", required_unless_present = "command")]
     url: Option<String>,
-    /// Where the env has each task's expert actions: `task` (http: `GET
-    /// /expert?id=<task id>`; stdio: the `expert` request with the task),
-    /// `instance` (after a reset to the task: `GET
-    /// /expert?<id-field>=<env id>`; stdio: `expert` without a task), or
-    /// `reset:<dotted path>`, a field of the reset reply (e.g.
-    /// `reset:info.extra.expert_plan`).
-    #[arg(long, default_value = "task")]
+    /// Where the env has each task's expert actions: asked per task, per
+    /// instance after a reset, or a field of the reset reply
+    /// (docs/USAGE.md).
+    #[arg(long, value_name = "task|instance|reset:PATH", default_value = "task")]
     expert: actguide::env::ExpertSource,
-    /// http: the key the server names its envs by.
+    /// http: the key the server names its envs by (id: ALFWorld, env_idx:
+    /// WebShop).
     #[arg(long, value_enum, default_value_t = IdField::Id)]
     id_field: IdField,
     /// A subprocess env (envs/PROTOCOL.md): the program and its arguments,
