@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""The `actguide bench-model` measurement with HF transformers (PyTorch, CPU).
+"""The `actguide dev bench-model` measurement with HF transformers (PyTorch, CPU).
 
     .hf-venv/bin/python scripts/bench_transformers.py \\
         models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \\
         --batches 1,8,32 --prompt-len 64 --new-tokens 32 --train-len 128 [--json]
 
 (scripts/compare-hf.sh sets up the venv — torch, transformers, accelerate,
-gguf from PyPI — and runs this beside `actguide bench-model`.)
+gguf from PyPI — and runs this beside `actguide dev bench-model`.)
 
 MODEL is a .gguf file (transformers dequantises it to float32 through the
 `gguf` package) or a HF model folder. Everything runs in float32 on the CPU
@@ -31,7 +31,7 @@ actguide; the ids themselves differ, the lengths are the same):
   (forward + backward + optimiser; optimizer_s is the step alone).
 
 Each measurement runs once untimed (warm-up), then --repeats times; rows
-hold the fastest run (as actguide's bench-model: other processes only add
+hold the fastest run (as actguide's dev bench-model: other processes only add
 time) and the JSON keeps the per-run times.
 """
 

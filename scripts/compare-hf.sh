@@ -10,7 +10,7 @@
 # (.hf-venv/, or $ACTGUIDE_HF_VENV), MKL's runtime (scripts/install-mkl.sh)
 # and the release build. Then runs, one after the other: HF
 # (scripts/bench_transformers.py), actguide f32, actguide with bf16 rollout
-# weights (`bench-model --rollout-bf16`). JSON lands in runs/compare-hf/.
+# weights (`dev bench-model --rollout-bf16`). JSON lands in runs/compare-hf/.
 # Run it on a quiet machine: the three measurements share the CPU in turn.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -41,7 +41,7 @@ export RAYON_NUM_THREADS="$threads"
 echo "HF transformers ..." >&2
 "$venv/bin/python" scripts/bench_transformers.py "$model" --batches "$batches" --threads "$threads" --json > "$out/hf.json"
 echo "actguide f32 ..." >&2
-target/release/actguide bench-model "$model" --batches "$batches" --json > "$out/actguide-f32.json"
+target/release/actguide dev bench-model "$model" --batches "$batches" --json > "$out/actguide-f32.json"
 echo "actguide bf16 rollout weights ..." >&2
-target/release/actguide bench-model "$model" --batches "$batches" --rollout-bf16 --json > "$out/actguide-bf16.json"
+target/release/actguide dev bench-model "$model" --batches "$batches" --rollout-bf16 --json > "$out/actguide-bf16.json"
 python3 scripts/compare_hf.py "$out/hf.json" "$out/actguide-f32.json" "$out/actguide-bf16.json" | tee "$out/table.md"

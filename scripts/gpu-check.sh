@@ -3,11 +3,11 @@
 # class), in under 8 minutes once built, it
 #   1. builds with `--features nccl` (release; CUDA plus the NCCL
 #      transport of data-parallel runs),
-#   2. runs `actguide check-device cuda` (CPU-vs-CUDA parity of log-probs
-#      and logits in f32 and bf16, gradient completeness, generation vs
+#   2. runs `actguide dev check-device --device cuda` (CPU-vs-CUDA parity
+#      of log-probs and logits in f32 and bf16, gradient completeness, generation vs
 #      scoring, a bf16 LoRA step) and the CUDA integration tests
 #      (tests/cuda.rs, ignored without a GPU),
-#   3. runs `bench-model` on SmolLM2-135M at batch 1/8/32 on CUDA in bf16
+#   3. runs `dev bench-model` on SmolLM2-135M at batch 1/8/32 on CUDA in bf16
 #      and f32,
 #   4. runs 3 guided LoRA steps of examples/smollm2_household.rhai on CUDA,
 #   5. with two or more GPUs, runs those steps data-parallel on cuda:0 and
@@ -67,7 +67,7 @@ fi
 if [ -n "$BIN" ] && [ -x "$BIN" ]; then
     # 2. Parity, gradients, generation, LoRA step; then the integration tests.
     t=$(date +%s)
-    if "$BIN" check-device cuda 2>&1 | tee "$OUTDIR/check-device.txt"; then
+    if "$BIN" dev check-device --device cuda 2>&1 | tee "$OUTDIR/check-device.txt"; then
         note "check-device cuda" "ok" "$(grep -c ' yes ' "$OUTDIR/check-device.txt") checks pass ($(elapsed "$t") s)"
     else
         note "check-device cuda" "FAILED" "see $OUTDIR/check-device.txt"
@@ -88,7 +88,7 @@ if [ -n "$BIN" ] && [ -x "$BIN" ]; then
     if [ -s "$MODEL" ]; then
         for dt in bf16 f32; do
             t=$(date +%s)
-            if "$BIN" bench-model "$MODEL" --device cuda --dtype "$dt" --batches 1,8,32 --json \
+            if "$BIN" dev bench-model "$MODEL" --device cuda --dtype "$dt" --batches 1,8,32 --json \
                 >"$OUTDIR/bench-$dt.json" 2>"$OUTDIR/bench-$dt.err"; then
                 note "bench-model SmolLM2 $dt" "ok" "$(python3 -c 'import json, sys
 r = json.load(open(sys.argv[1]))

@@ -31,16 +31,11 @@
 //!   directories only);
 //! - [`experiment`]: experiment files, the run loop and its phases,
 //!   evaluation, probe, export, comparisons;
-//! - [`bench`]: throughput of the whole loop;
-//! - [`bench_model`]: raw decode / train throughput of a model;
-//! - [`bench_rollouts`]: rollout throughput, built in vs on an engine;
-//! - [`device_check`]: a device computes and trains like the CPU.
+//! - [`dev`]: developer tools (`actguide dev …`): benchmarks of the loop,
+//!   a model and rollouts, the device check.
 
-pub mod bench;
-pub mod bench_model;
-pub mod bench_rollouts;
 pub mod children;
-pub mod device_check;
+pub mod dev;
 pub mod distributed;
 pub mod engine;
 pub mod env;

@@ -3,7 +3,11 @@
 //! This file lists the subcommands (their one-line help is the doc comment
 //! of each variant of [`Cmd`]); each subcommand group lives in `cli/` with
 //! its flags (an `Args` struct) and a `run()`, and `cli/print.rs` prints
-//! what a training run reports while it runs.
+//! what a training run reports while it runs. Developer tools are grouped
+//! under `actguide dev`. One flag name means one thing in every command
+//! (`--panel test|train|PATH`, `--device cpu|cuda|cuda:N`, `--tasks` a list
+//! of task ids, counts named for what they count); the tests below hold
+//! every command to that.
 
 mod cli;
 
@@ -62,7 +66,7 @@ enum Cmd {
     Run(cli::run::RunArgs),
     /// Supervised warm start: behaviour cloning on expert trajectories
     /// (an experiment file's `sft` section); writes the model RL starts from.
-    Sft(cli::sft::SftArgs),
+    Sft(cli::run::SftArgs),
     /// Compile a script (guidance, reward or intervention) and call its
     /// entry points on synthetic inputs; exits non-zero on any error.
     Check(cli::script::CheckArgs),
@@ -91,22 +95,10 @@ enum Cmd {
     /// protocol tests.
     ServeEnv(cli::env::ServeEnvArgs),
     /// Write the built-in tiny model card (config.json + tokenizer.json).
-    InitTiny(cli::model::InitTinyArgs),
-    /// Measure decode and train tokens/s of a model (GGUF file or HF
-    /// folder) on random token sequences, per batch size.
-    BenchModel(cli::model::BenchModelArgs),
-    /// Measure rollout and train tokens/s of a model on the household env.
-    Bench(cli::model::BenchArgs),
-    /// Check that a device (cuda:N, or cpu) computes what the CPU does in
-    /// f32 and bf16 and trains (gradients, generation, a LoRA step).
-    CheckDevice(cli::model::CheckDeviceArgs),
-    /// Serve a GGUF policy over llama.cpp's `/completion` API (takes
-    /// llama-server's flags): a stand-in rollout engine with the policy's
-    /// exact log-probs, for tests of `rollout.engine`.
-    EngineReference(cli::engine::EngineReferenceArgs),
-    /// Rollout throughput of an experiment's model: built-in generation
-    /// against its `rollout.engine` with 1, 2, … servers.
-    BenchRollouts(cli::engine::BenchRolloutsArgs),
+    InitTiny(cli::tiny::InitTinyArgs),
+    /// Developer tools: benchmarks, the device check, the reference
+    /// engine server.
+    Dev(cli::dev::DevArgs),
     /// A rank of a data-parallel run (`run --devices`); started by rank 0.
     #[command(hide = true)]
     DpWorker(cli::run::WorkerArgs),
@@ -125,7 +117,7 @@ fn main() {
 fn dispatch(cmd: Cmd) -> Result<()> {
     match cmd {
         Cmd::Run(a) => cli::run::run(a),
-        Cmd::Sft(a) => cli::sft::run(a),
+        Cmd::Sft(a) => cli::run::sft(a),
         Cmd::Check(a) => cli::script::check(a),
         Cmd::Simulate(a) => cli::script::simulate(a),
         Cmd::Tasks(a) => cli::tasks::run(a),
@@ -134,19 +126,15 @@ fn dispatch(cmd: Cmd) -> Result<()> {
         Cmd::Report(a) => cli::report::run(a),
         Cmd::Export(a) => cli::checkpoint::export(a),
         Cmd::ServeEnv(a) => cli::env::serve_env(a),
-        Cmd::InitTiny(a) => cli::model::init_tiny(a),
-        Cmd::BenchModel(a) => cli::model::bench_model(a),
-        Cmd::Bench(a) => cli::model::bench(a),
-        Cmd::CheckDevice(a) => cli::model::check_device(a),
+        Cmd::InitTiny(a) => cli::tiny::init_tiny(a),
+        Cmd::Dev(a) => cli::dev::run(a),
         Cmd::DpWorker(a) => cli::run::dp_worker(a),
-        Cmd::EngineReference(a) => cli::engine::engine_reference(a),
-        Cmd::BenchRollouts(a) => cli::engine::bench_rollouts(a),
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::Cli;
+    use super::{cli, Cli};
     use clap::{CommandFactory, Parser};
     use std::any::TypeId;
 
@@ -158,8 +146,8 @@ mod tests {
         ("run", "jobs", Some("0")),
         ("sft", "stop-after", Some("0")),
         ("simulate", "steps", Some("0")),
-        ("simulate", "tasks", Some("0")),
-        ("simulate", "group", Some("0")),
+        ("simulate", "tasks-per-step", Some("0")),
+        ("simulate", "group-size", Some("0")),
         ("simulate", "clusters", Some("0")),
         ("simulate", "max-rounds", None),
         ("simulate", "seed", None),
@@ -191,21 +179,21 @@ mod tests {
         ("serve-env", "die-after-steps", None),
         ("serve-env", "malformed-after-steps", None),
         ("serve-env", "fault-every", Some("0")),
-        ("bench-model", "batches", Some("0")),
-        ("bench-model", "prompt-len", Some("0")),
-        ("bench-model", "new-tokens", Some("0")),
-        ("bench-model", "train-len", Some("1")),
-        ("bench-model", "repeats", Some("0")),
-        ("bench-model", "seed", None),
-        ("bench-model", "lora-rank", Some("0")),
-        ("bench", "tasks", Some("0")),
-        ("bench", "group", Some("0")),
-        ("bench", "steps", Some("0")),
-        ("bench", "max-steps", Some("0")),
-        ("bench", "seed", None),
-        ("bench-rollouts", "rounds", Some("0")),
-        ("bench-rollouts", "servers", Some("0")),
-        ("bench-rollouts", "threads", Some("0")),
+        ("dev bench-model", "batches", Some("0")),
+        ("dev bench-model", "prompt-len", Some("0")),
+        ("dev bench-model", "new-tokens", Some("0")),
+        ("dev bench-model", "train-len", Some("1")),
+        ("dev bench-model", "repeats", Some("0")),
+        ("dev bench-model", "seed", None),
+        ("dev bench-model", "lora-rank", Some("0")),
+        ("dev bench", "tasks-per-step", Some("0")),
+        ("dev bench", "group-size", Some("0")),
+        ("dev bench", "steps", Some("0")),
+        ("dev bench", "max-steps", Some("0")),
+        ("dev bench", "seed", None),
+        ("dev bench-rollouts", "rounds", Some("0")),
+        ("dev bench-rollouts", "servers", Some("0")),
+        ("dev bench-rollouts", "threads", Some("0")),
         ("dp-worker", "rank", None),
         ("dp-worker", "world", Some("1")),
     ];
@@ -276,5 +264,130 @@ mod tests {
                 "{argv:?}: {e}"
             );
         }
+    }
+
+    /// Every flag of every command, with its command path.
+    fn all_flags(cmd: &clap::Command, path: &str, out: &mut Vec<(String, clap::Arg)>) {
+        for arg in cmd.get_arguments() {
+            out.push((path.to_string(), arg.clone()));
+        }
+        for sub in cmd.get_subcommands() {
+            let p = format!("{path} {}", sub.get_name());
+            all_flags(sub, p.trim(), out);
+        }
+    }
+
+    /// One meaning per flag name: every `--panel` is `test|train|PATH`,
+    /// every `--device` the same optional device (the default rule lives in
+    /// `DeviceArg`), every `--tasks` a list of task ids, counts are named
+    /// for what they count, closed sets offer their values.
+    #[test]
+    fn a_flag_name_means_the_same_in_every_command() {
+        use actguide::experiment::PanelRef;
+        use actguide::model::device::DeviceSpec;
+        let mut flags = Vec::new();
+        all_flags(&Cli::command(), "", &mut flags);
+        let mut seen = std::collections::BTreeMap::<&str, usize>::new();
+        for (path, arg) in &flags {
+            let Some(long) = arg.get_long() else {
+                // A positional `panel` is a command's input file (`tasks
+                // stats PANEL`); a device or task list is always a flag.
+                assert!(
+                    !["device", "tasks"].contains(&arg.get_id().as_str()),
+                    "{path}: `{}` must be a flag, not a positional",
+                    arg.get_id()
+                );
+                continue;
+            };
+            let t = arg.get_value_parser().type_id();
+            let names: Vec<_> = arg.get_value_names().unwrap_or_default().to_vec();
+            match long {
+                "panel" => {
+                    assert!(t == TypeId::of::<PanelRef>(), "{path} --panel");
+                    assert_eq!(names, [cli::args::PANEL], "{path} --panel");
+                }
+                "device" => {
+                    assert!(t == TypeId::of::<DeviceSpec>(), "{path} --device");
+                    assert!(!arg.is_required_set(), "{path} --device");
+                    assert!(arg.get_default_values().is_empty(), "{path} --device");
+                    assert_eq!(names, ["cpu|cuda|cuda:N"], "{path} --device");
+                }
+                "devices" => assert!(t == TypeId::of::<DeviceSpec>(), "{path} --devices"),
+                "tasks" => {
+                    assert!(t == TypeId::of::<String>(), "{path} --tasks");
+                    assert_eq!(arg.get_value_delimiter(), Some(','), "{path} --tasks");
+                }
+                "tasks-per-step" | "group-size" | "max-tasks" => {
+                    assert!(t == TypeId::of::<usize>(), "{path} --{long}")
+                }
+                "protocol" | "id-field" => {
+                    assert!(!arg.get_possible_values().is_empty(), "{path} --{long}")
+                }
+                "group" | "num-tasks" => panic!("{path}: --{long} is not a flag name"),
+                _ => {}
+            }
+            *seen.entry(long).or_default() += 1;
+        }
+        // The rule is exercised: each shared name occurs more than once.
+        for name in [
+            "panel",
+            "device",
+            "tasks-per-step",
+            "group-size",
+            "id-field",
+        ] {
+            assert!(
+                seen.get(name).copied().unwrap_or(0) >= 2,
+                "--{name}: {seen:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn developer_tools_are_under_dev() {
+        let cmd = Cli::command();
+        let top: Vec<&str> = cmd.get_subcommands().map(|c| c.get_name()).collect();
+        for tool in [
+            "bench",
+            "bench-model",
+            "bench-rollouts",
+            "check-device",
+            "engine-reference",
+        ] {
+            assert!(!top.contains(&tool), "{tool} at the top level");
+            let argv = ["actguide", "dev", tool, "--help"];
+            let e = Cli::try_parse_from(argv).err().expect("help");
+            assert_eq!(e.kind(), clap::error::ErrorKind::DisplayHelp, "{argv:?}");
+        }
+    }
+
+    /// `--help` of each command a researcher uses (all but `dev` and the
+    /// hidden ones, subcommands included) fits one screen.
+    #[test]
+    fn user_command_help_fits_a_screen() {
+        fn visit(cmd: &clap::Command, path: &mut Vec<String>, long: &mut Vec<String>) {
+            for sub in cmd.get_subcommands() {
+                if sub.is_hide_set() || (path.is_empty() && sub.get_name() == "dev") {
+                    continue;
+                }
+                path.push(sub.get_name().to_string());
+                let mut argv = vec!["actguide".to_string()];
+                argv.extend(path.iter().cloned());
+                argv.push("--help".into());
+                let help = match Cli::try_parse_from(&argv) {
+                    Ok(_) => panic!("{argv:?} parsed"),
+                    Err(e) => e.render().to_string(),
+                };
+                let lines = help.lines().count();
+                if lines > 45 {
+                    long.push(format!("{}: {lines} lines", argv[1..].join(" ")));
+                }
+                visit(sub, path, long);
+                path.pop();
+            }
+        }
+        let mut long = Vec::new();
+        visit(&Cli::command(), &mut Vec::new(), &mut long);
+        assert!(long.is_empty(), "{long:?}");
     }
 }

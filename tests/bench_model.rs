@@ -4,7 +4,7 @@
 
 mod common;
 
-use actguide::bench_model::{run, ModelBenchConfig, ModelBenchError};
+use actguide::dev::bench_model::{run, ModelBenchConfig, ModelBenchError};
 use actguide::model::Policy;
 use candle_core::Device;
 use rand::SeedableRng;

@@ -8,7 +8,7 @@
 
 use std::path::PathBuf;
 
-use actguide::device_check;
+use actguide::dev::device_check;
 use actguide::experiment::{self, eval, Experiment, RunOptions};
 use actguide::model::device::DeviceSpec;
 use actguide::model::Precision;

@@ -3,7 +3,7 @@
 //!   recorded bodies from their documentation and sources
 //!   (`tests/fixtures/engines/`);
 //! - a LoRA run whose rollouts come from two launched servers (the
-//!   reference server, `actguide engine-reference`, which samples from the
+//!   reference server, `actguide dev engine-reference`, which samples from the
 //!   same policy): the engine's behaviour log-probs match the trainer's own
 //!   before and after each weight sync, and every step's weights reach the
 //!   servers;
@@ -138,7 +138,7 @@ fn server_program(dir: &Path, program: &str, pre: &str) -> PathBuf {
 fn tiny_with_reference(dir: &Path) -> (PathBuf, PathBuf) {
     let gguf = dir.join("tiny-chat.gguf");
     common::tiny_chat_gguf(&gguf);
-    let prog = server_program(dir, env!("CARGO_BIN_EXE_actguide"), "engine-reference");
+    let prog = server_program(dir, env!("CARGO_BIN_EXE_actguide"), "dev engine-reference");
     (gguf, prog)
 }
 
@@ -486,8 +486,8 @@ fn bench_rollouts_measures_builtin_and_one_and_two_servers() {
     let tmp = tempfile::tempdir().unwrap();
     let (gguf, prog) = tiny_with_reference(tmp.path());
     let e = engine_exp(tmp.path(), &gguf, &prog, 1, 1);
-    let b =
-        actguide::bench_rollouts::run(&e, 1, &[1, 2], Some(1), &tmp.path().join("work")).unwrap();
+    let b = actguide::dev::bench_rollouts::run(&e, 1, &[1, 2], Some(1), &tmp.path().join("work"))
+        .unwrap();
     let shape: Vec<(&str, usize)> = b
         .rows
         .iter()
@@ -541,7 +541,7 @@ impl Reference {
             .local_addr()
             .unwrap();
         let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_actguide"))
-            .arg("engine-reference")
+            .args(["dev", "engine-reference"])
             .args(["-m", &gguf.display().to_string()])
             .args(["--port", &addr.port().to_string()])
             .stderr(std::process::Stdio::piped())

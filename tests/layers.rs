@@ -25,10 +25,6 @@ const LAYERS: &[(&str, usize)] = &[
     ("report", 6),
     ("experiment", 7),
     ("dev", 8),
-    ("bench", 8),
-    ("bench_model", 8),
-    ("bench_rollouts", 8),
-    ("device_check", 8),
 ];
 
 fn src() -> PathBuf {

@@ -9,8 +9,9 @@ use clap::Args;
 use actguide::experiment::eval::{eval_checkpoint, eval_table, EvalOptions};
 use actguide::experiment::export::ExportOptions;
 use actguide::experiment::probe::{probe_table, ProbeOptions};
-use actguide::model::device::DeviceSpec;
+use actguide::experiment::PanelRef;
 
+use super::args::{DeviceArg, PANEL};
 use super::print_json;
 
 // Flags of `actguide eval`.
@@ -18,9 +19,9 @@ use super::print_json;
 pub struct EvalArgs {
     /// A run directory or runs/<name>/checkpoints/step-NNNNNN.
     path: PathBuf,
-    /// "test", "train" or a panel file.
-    #[arg(long, default_value = "test")]
-    panel: String,
+    /// The run's test or train panel, or a panel file.
+    #[arg(long, value_name = PANEL, default_value = "test")]
+    panel: PanelRef,
     /// Sampled rollouts per task (pass@k up to this k).
     #[arg(value_parser = super::ranges::at_least(1), long, default_value_t = 8)]
     samples: usize,
@@ -29,9 +30,8 @@ pub struct EvalArgs {
     max_tasks: usize,
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Device (cpu, cuda, cuda:N); default: the run's model.device.
-    #[arg(long)]
-    device: Option<DeviceSpec>,
+    #[command(flatten)]
+    device: DeviceArg,
     /// Print JSON.
     #[arg(long)]
     json: bool,
@@ -45,7 +45,7 @@ pub fn eval(a: EvalArgs) -> Result<()> {
             samples: a.samples,
             max_tasks: a.max_tasks,
             seed: a.seed,
-            device: a.device,
+            device: a.device.device,
         },
     )?;
     if a.json {
@@ -72,9 +72,9 @@ pub fn eval(a: EvalArgs) -> Result<()> {
 pub struct ProbeArgs {
     /// A run directory or runs/<name>/checkpoints/step-NNNNNN.
     path: PathBuf,
-    /// "test", "train" or a panel file.
-    #[arg(long, default_value = "test")]
-    panel: String,
+    /// The run's test or train panel, or a panel file.
+    #[arg(long, value_name = PANEL, default_value = "test")]
+    panel: PanelRef,
     /// Comma-separated task ids (default: the first --per-cluster
     /// tasks of each difficulty cluster).
     #[arg(long, value_delimiter = ',')]
@@ -89,9 +89,8 @@ pub struct ProbeArgs {
     initial: bool,
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Device (cpu, cuda, cuda:N); default: the run's model.device.
-    #[arg(long)]
-    device: Option<DeviceSpec>,
+    #[command(flatten)]
+    device: DeviceArg,
     /// Also write the plot (SVG) here.
     #[arg(long)]
     plot: Option<PathBuf>,
@@ -110,7 +109,7 @@ pub fn probe(a: ProbeArgs) -> Result<()> {
             k: a.k,
             initial: a.initial,
             seed: a.seed,
-            device: a.device,
+            device: a.device.device,
         },
     )?;
     if a.json {
@@ -142,9 +141,8 @@ pub struct ExportArgs {
     /// Shard weights into files of at most this many MB.
     #[arg(value_parser = super::ranges::at_least(1), long)]
     max_shard_mb: Option<usize>,
-    /// Device (cpu, cuda, cuda:N); default: the run's model.device.
-    #[arg(long)]
-    device: Option<DeviceSpec>,
+    #[command(flatten)]
+    device: DeviceArg,
 }
 
 pub fn export(a: ExportArgs) -> Result<()> {
@@ -154,7 +152,7 @@ pub fn export(a: ExportArgs) -> Result<()> {
         &ExportOptions {
             adapter_only: a.adapter_only,
             max_shard_bytes: a.max_shard_mb.map(|mb| mb << 20),
-            device: a.device,
+            device: a.device.device,
         },
     )?;
     println!(

@@ -3,21 +3,24 @@
 
 use std::io::Write;
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use clap::Args;
 
 use actguide::env::external::serve::{serve_stdio, Faults, HttpServer};
 
 use actguide::env::BuiltinEnv;
+use actguide::experiment::PanelRef;
+
+use super::args::{Protocol, PANEL};
 
 // Flags of `actguide serve-env`.
 #[derive(Args)]
 pub struct ServeEnvArgs {
     #[arg(long, default_value = "household")]
     env: BuiltinEnv,
-    /// "stdio" or "http".
-    #[arg(long, default_value = "stdio")]
-    protocol: String,
+    /// NDJSON on stdin/stdout (envs/PROTOCOL.md) or AgentGym's HTTP API.
+    #[arg(long, value_enum, default_value_t = Protocol::Stdio)]
+    protocol: Protocol,
     /// HTTP port (0: any free port; the URL is printed first).
     #[arg(long, default_value_t = 0)]
     port: u16,
@@ -32,9 +35,10 @@ pub struct ServeEnvArgs {
     /// Faults only for tasks whose id number is divisible by this.
     #[arg(value_parser = super::ranges::at_least(1), long, default_value_t = 1)]
     fault_every: usize,
-    /// http: answer `GET /expert?id=` for this panel's tasks.
-    #[arg(long)]
-    panel: Option<std::path::PathBuf>,
+    /// http: answer `GET /expert?id=` for this panel's tasks (test and
+    /// train: the env's own panels).
+    #[arg(long, value_name = PANEL)]
+    panel: Option<PanelRef>,
 }
 
 pub fn serve_env(a: ServeEnvArgs) -> Result<()> {
@@ -43,19 +47,19 @@ pub fn serve_env(a: ServeEnvArgs) -> Result<()> {
         malformed_after_steps: a.malformed_after_steps,
         every: a.fault_every,
     };
-    match a.protocol.as_str() {
-        "stdio" => serve_stdio(a.env, a.max_steps, faults)?,
-        "http" => {
+    match a.protocol {
+        Protocol::Stdio => serve_stdio(a.env, a.max_steps, faults)?,
+        Protocol::Http => {
             let mut server = HttpServer::bind(a.env, a.port, a.max_steps, faults)?;
             if let Some(p) = &a.panel {
-                server = server.with_panel(actguide::env::panel::read_jsonl(p)?);
+                let p = p.of_env(a.env);
+                server = server.with_panel(actguide::env::panel::read_jsonl(&p)?);
             }
             // The URL goes first, and now: clients read it to connect.
             println!("listening on {}", server.url());
             std::io::stdout().flush()?;
             server.run()?;
         }
-        other => bail!("unknown protocol `{other}` (stdio, http)"),
     }
     Ok(())
 }

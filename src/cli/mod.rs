@@ -1,20 +1,22 @@
 //! The subcommands of the `actguide` binary, one file per group: each
 //! subcommand has its flags (a clap `Args` struct; the subcommand's own
 //! help line is its variant's doc comment in `main.rs`) and a function that
-//! calls the library and prints the result. Nothing here computes: the
-//! work is in the `actguide` library.
+//! calls the library and prints the result; `args.rs` has the flags
+//! several subcommands share, `dev.rs` the developer tools under
+//! `actguide dev`. Nothing here computes: the work is in the `actguide`
+//! library.
 
+pub mod args;
 pub mod checkpoint;
-pub mod engine;
+pub mod dev;
 pub mod env;
-pub mod model;
 pub mod print;
 pub mod ranges;
 pub mod report;
 pub mod run;
 pub mod script;
-pub mod sft;
 pub mod tasks;
+pub mod tiny;
 
 use anyhow::Result;
 

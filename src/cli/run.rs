@@ -1,6 +1,8 @@
-//! `actguide run`: run an experiment file, a comparison, or resume a run.
+//! `actguide run` and `actguide sft`: run an experiment file (RL or SFT
+//! steps), a comparison, or resume a run; and `dp-worker`, a rank of a
+//! data-parallel run.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -11,11 +13,13 @@ use actguide::experiment::{self, Comparison, Experiment, ExperimentFile, RunOpti
 use actguide::model::device::DeviceSpec;
 use actguide::rundir::{RunDir, RunKind};
 
+use super::args::DeviceArg;
 use super::print::{print_comparison, print_summary, EventPrinter};
 
-// Flags of `actguide run`.
+// Flags `actguide run` and `actguide sft` share: what to run and how to
+// show it.
 #[derive(Args)]
-pub struct RunArgs {
+pub struct LoopArgs {
     /// Experiment file (*.rhai); omit with --resume.
     experiment: Option<PathBuf>,
     /// Resume the run in this directory from its latest checkpoint.
@@ -27,29 +31,40 @@ pub struct RunArgs {
     /// Plain log lines even on a terminal.
     #[arg(long)]
     plain: bool,
+}
+
+// Flags of `actguide run`.
+#[derive(Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    common: LoopArgs,
     /// Memory (GiB) the run may plan for, instead of what the machine
     /// reports free; a configuration whose estimated peak exceeds 85 % of
     /// it is refused before it starts.
     #[arg(value_parser = super::ranges::positive, long)]
     memory_gb: Option<f64>,
     /// Comparisons: run this many entries at once, the cores shared
-    /// equally between them (same numbers as one at a time; lines are
-    /// tagged with their entry).
+    /// equally between them (same numbers as one at a time).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
     jobs: u16,
     /// Data-parallel training: one process per device, e.g. `cuda:0,cuda:1`
-    /// (NCCL; build with `--features nccl`) or `cpu,cpu`. This process is
-    /// rank 0 and owns the run directory (docs/DISTRIBUTED.md).
-    #[arg(long, value_delimiter = ',')]
+    /// or `cpu,cpu` (docs/DISTRIBUTED.md).
+    #[arg(long, value_delimiter = ',', value_name = "cpu|cuda|cuda:N,...")]
     devices: Vec<DeviceSpec>,
     /// With --resume: take a checkpoint that has no SHA256SUMS as it is.
     #[arg(long, requires = "resume")]
     accept_unverified: bool,
     /// With --resume: continue although the run's experiment.json differs
-    /// from the settings the checkpoint was trained under (recorded in
-    /// resumes.jsonl).
+    /// from the settings the checkpoint was trained under.
     #[arg(long, requires = "resume")]
     accept_changed_config: bool,
+}
+
+// Flags of `actguide sft`.
+#[derive(Args)]
+pub struct SftArgs {
+    #[command(flatten)]
+    common: LoopArgs,
 }
 
 // Flags of `actguide dp-worker` (started by rank 0, not by hand).
@@ -62,8 +77,8 @@ pub struct WorkerArgs {
     /// Rank 0's address.
     #[arg(long)]
     rendezvous: String,
-    #[arg(long)]
-    device: DeviceSpec,
+    #[command(flatten)]
+    device: DeviceArg,
     /// The run directory (its experiment.json, its checkpoints on resume).
     #[arg(long)]
     run_dir: PathBuf,
@@ -82,7 +97,7 @@ pub fn dp_worker(a: WorkerArgs) -> Result<()> {
         a.rank,
         a.world,
         &a.rendezvous,
-        a.device,
+        a.device.or_cpu(),
         &a.run_dir,
         a.resume,
     )
@@ -91,54 +106,86 @@ pub fn dp_worker(a: WorkerArgs) -> Result<()> {
 
 pub fn run(args: RunArgs) -> Result<()> {
     let RunArgs {
-        experiment,
-        resume,
-        stop_after,
-        plain,
+        common,
         memory_gb,
         jobs,
         devices,
         accept_unverified,
         accept_changed_config,
     } = args;
-    let stepping = Arc::new(AtomicBool::new(false));
     let opts = RunOptions {
-        kind: RunKind::Rl,
-        resume: resume.clone(),
-        stop_after,
-        interrupt: Some(interrupt_on_signals(stepping.clone())?),
-        stepping: Some(stepping),
         memory_limit: memory_gb.map(|g| (g * (1u64 << 30) as f64) as u64),
         devices,
-        worker_program: None,
         accept_unverified,
         accept_changed_config,
+        ..options(RunKind::Rl, &common)?
     };
-    let exp = match (&experiment, &resume) {
-        (Some(p), None) => match ExperimentFile::load(p)? {
-            ExperimentFile::Single(e) => *e,
-            ExperimentFile::Compare(c) => {
-                // Entries start and end at different times (several at
-                // once with --jobs): an interrupt always lets the steps in
-                // progress finish with their checkpoints.
-                if let Some(s) = &opts.stepping {
-                    s.store(true, Ordering::SeqCst);
-                }
-                let opts = RunOptions {
-                    stepping: None,
-                    ..opts.clone()
-                };
-                return compare(&c, &opts, jobs.into(), plain);
+    let exp = match load(&common, "examples/quickstart.rhai")? {
+        ExperimentFile::Single(e) => *e,
+        ExperimentFile::Compare(c) => {
+            // Entries start and end at different times (several at once
+            // with --jobs): an interrupt always lets the steps in progress
+            // finish with their checkpoints.
+            if let Some(s) = &opts.stepping {
+                s.store(true, Ordering::SeqCst);
             }
-        },
-        (None, Some(d)) => resolved_config(d)?,
-        (Some(_), Some(_)) => bail!("give either an experiment file or --resume RUN_DIR, not both"),
-        (None, None) => {
-            bail!("give an experiment file (e.g. examples/quickstart.rhai) or --resume RUN_DIR")
+            let opts = RunOptions {
+                stepping: None,
+                ..opts.clone()
+            };
+            return compare(&c, &opts, jobs.into(), common.plain);
         }
     };
+    run_one(exp, &opts, common.plain)
+}
+
+/// `actguide sft`: the run loop with SFT steps, on one experiment.
+pub fn sft(args: SftArgs) -> Result<()> {
+    let common = args.common;
+    let opts = options(RunKind::Sft, &common)?;
+    let exp = match load(&common, "examples/sft.rhai")? {
+        ExperimentFile::Single(e) => *e,
+        ExperimentFile::Compare(_) => bail!(
+            "{}: sft takes one experiment, not a comparison",
+            common
+                .experiment
+                .as_deref()
+                .unwrap_or(Path::new("?"))
+                .display()
+        ),
+    };
+    run_one(exp, &opts, common.plain)
+}
+
+/// The options of a run of `kind`: resume, stop and signal handling.
+fn options(kind: RunKind, a: &LoopArgs) -> Result<RunOptions> {
+    let stepping = Arc::new(AtomicBool::new(false));
+    Ok(RunOptions {
+        kind,
+        resume: a.resume.clone(),
+        stop_after: a.stop_after,
+        interrupt: Some(interrupt_on_signals(stepping.clone())?),
+        stepping: Some(stepping),
+        ..Default::default()
+    })
+}
+
+/// The experiment file, or with `--resume` the run's resolved config;
+/// `example` names a file to suggest when neither is given.
+fn load(a: &LoopArgs, example: &str) -> Result<ExperimentFile> {
+    match (&a.experiment, &a.resume) {
+        (Some(p), None) => Ok(ExperimentFile::load(p)?),
+        (None, Some(d)) => Ok(ExperimentFile::Single(Box::new(resolved_config(d)?))),
+        (Some(_), Some(_)) => bail!("give either an experiment file or --resume RUN_DIR, not both"),
+        (None, None) => bail!("give an experiment file (e.g. {example}) or --resume RUN_DIR"),
+    }
+}
+
+/// Run one experiment with a progress printer, print its summary; an
+/// interrupted run exits with [`INTERRUPTED`].
+fn run_one(exp: Experiment, opts: &RunOptions, plain: bool) -> Result<()> {
     let printer = EventPrinter::new(exp.steps, plain);
-    let summary = experiment::run(exp, &opts, &mut |ev| printer.print(ev))?;
+    let summary = experiment::run(exp, opts, &mut |ev| printer.print(ev))?;
     printer.finish();
     print_summary(&summary);
     if summary.interrupted {
@@ -150,13 +197,13 @@ pub fn run(args: RunArgs) -> Result<()> {
 
 /// The exit code of a run stopped by SIGINT / SIGTERM (128 + SIGINT, as
 /// shells report it).
-pub(super) const INTERRUPTED: i32 = 130;
+const INTERRUPTED: i32 = 130;
 
 /// A flag SIGINT / SIGTERM raise: the run ends its step, writes a
 /// checkpoint and stops. Before the first step (`stepping` not yet
 /// raised: loading, set-up) there is nothing to checkpoint, so the process
 /// stops at once; so does a second signal.
-pub(super) fn interrupt_on_signals(stepping: Arc<AtomicBool>) -> Result<Arc<AtomicBool>> {
+fn interrupt_on_signals(stepping: Arc<AtomicBool>) -> Result<Arc<AtomicBool>> {
     let flag = Arc::new(AtomicBool::new(false));
     let seen = flag.clone();
     ctrlc::set_handler(move || {
@@ -179,7 +226,7 @@ pub(super) fn interrupt_on_signals(stepping: Arc<AtomicBool>) -> Result<Arc<Atom
 }
 
 /// The resolved config a run wrote into its directory (`--resume`).
-pub(super) fn resolved_config(run_dir: &std::path::Path) -> Result<Experiment> {
+fn resolved_config(run_dir: &std::path::Path) -> Result<Experiment> {
     RunDir::at(run_dir)
         .read_experiment()
         .context("cannot read the run's resolved config")
@@ -210,4 +257,38 @@ fn compare(c: &Comparison, opts: &RunOptions, jobs: usize, plain: bool) -> Resul
         std::process::exit(INTERRUPTED);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(experiment: Option<&str>, resume: Option<&str>) -> LoopArgs {
+        LoopArgs {
+            experiment: experiment.map(PathBuf::from),
+            resume: resume.map(PathBuf::from),
+            stop_after: None,
+            plain: true,
+        }
+    }
+
+    #[test]
+    fn run_and_sft_take_a_file_or_a_run_directory_not_both() {
+        let e = load(&args(None, None), "examples/sft.rhai").err().unwrap();
+        assert_eq!(
+            e.to_string(),
+            "give an experiment file (e.g. examples/sft.rhai) or --resume RUN_DIR"
+        );
+        let e = load(&args(Some("a.rhai"), Some("runs/a")), "x")
+            .err()
+            .unwrap();
+        assert_eq!(
+            e.to_string(),
+            "give either an experiment file or --resume RUN_DIR, not both"
+        );
+        let e = load(&args(None, Some("/nonexistent/run")), "x")
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("resolved config"), "{e:#}");
+    }
 }

@@ -5,8 +5,11 @@ use std::path::PathBuf;
 use anyhow::Result;
 use clap::Args;
 
+use actguide::env::BuiltinEnv;
+use actguide::experiment::PanelRef;
 use actguide::guidance::simulate::{simulate_file, table, SimParams};
 
+use super::args::PANEL;
 use super::print_json;
 
 // Flags of `actguide check`.
@@ -27,14 +30,15 @@ pub fn check(args: CheckArgs) -> Result<()> {
 #[derive(Args)]
 pub struct SimulateArgs {
     script: PathBuf,
-    #[arg(long, default_value = "envs/household/train.jsonl")]
-    panel: PathBuf,
+    /// The household env's train or test panel, or a panel file.
+    #[arg(long, value_name = PANEL, default_value = "train")]
+    panel: PanelRef,
     #[arg(value_parser = super::ranges::at_least(1), long, default_value_t = 30)]
     steps: usize,
     #[arg(value_parser = super::ranges::at_least(1), long, default_value_t = 8)]
-    tasks: usize,
+    tasks_per_step: usize,
     #[arg(value_parser = super::ranges::at_least(1), long, default_value_t = 8)]
-    group: usize,
+    group_size: usize,
     #[arg(value_parser = super::ranges::at_least(1), long, default_value_t = 3)]
     clusters: usize,
     /// Bound on review rounds per task and step.
@@ -65,8 +69,8 @@ pub struct SimulateArgs {
 pub fn simulate(a: SimulateArgs) -> Result<()> {
     let p = SimParams {
         steps: a.steps,
-        tasks_per_step: a.tasks,
-        group_size: a.group,
+        tasks_per_step: a.tasks_per_step,
+        group_size: a.group_size,
         clusters: a.clusters,
         max_rounds: a.max_rounds,
         seed: a.seed,
@@ -76,7 +80,8 @@ pub fn simulate(a: SimulateArgs) -> Result<()> {
         learn_rate: a.learn_rate,
         drift: a.drift,
     };
-    let report = simulate_file(&a.script, &a.panel, &p)?;
+    let panel = a.panel.of_env(BuiltinEnv::Household);
+    let report = simulate_file(&a.script, &panel, &p)?;
     if a.json {
         print_json(&report)?;
     } else {

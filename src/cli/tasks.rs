@@ -8,6 +8,8 @@ use clap::{Args, Subcommand};
 
 use actguide::env::panel;
 
+use super::args::IdField;
+
 // Flags of `actguide tasks`: only its subcommand.
 #[derive(Args)]
 pub struct TasksArgs {
@@ -127,9 +129,10 @@ struct StatsArgs {
     /// An AgentGym-style HTTP env server.
     #[arg(long, conflicts_with = "command")]
     url: Option<String>,
-    /// http: the server's id field ("id" or "env_idx").
-    #[arg(long, default_value = "id")]
-    id_field: String,
+    /// http: the key the server names its envs by (id: ALFWorld, env_idx:
+    /// WebShop).
+    #[arg(long, value_enum, default_value_t = IdField::Id)]
+    id_field: IdField,
     /// A subprocess env (envs/PROTOCOL.md): the program and its arguments,
     /// after `--`.
     #[arg(last = true)]
@@ -150,7 +153,7 @@ fn stats(a: StatsArgs) -> Result<()> {
         (Some(url), _) => EnvSpec {
             kind: EnvKind::Http {
                 url,
-                id_field: a.id_field,
+                id_field: a.id_field.key(),
                 expert: Default::default(),
             },
             ..EnvSpec::builtin(a.env)
@@ -186,17 +189,15 @@ struct FromServerArgs {
     /// An AgentGym-style HTTP env server.
     #[arg(long, conflicts_with = "command", required_unless_present = "command")]
     url: Option<String>,
-    /// Where the env has each task's expert actions: `task` (http: `GET
-    /// /expert?id=<task id>`; stdio: the `expert` request with the task),
-    /// `instance` (after a reset to the task: `GET
-    /// /expert?<id-field>=<env id>`; stdio: `expert` without a task), or
-    /// `reset:<dotted path>`, a field of the reset reply (e.g.
-    /// `reset:info.extra.expert_plan`).
-    #[arg(long, default_value = "task")]
+    /// Where the env has each task's expert actions: asked per task, per
+    /// instance after a reset, or a field of the reset reply
+    /// (docs/USAGE.md).
+    #[arg(long, value_name = "task|instance|reset:PATH", default_value = "task")]
     expert: actguide::env::ExpertSource,
-    /// http: the server's id field ("id" or "env_idx").
-    #[arg(long, default_value = "id")]
-    id_field: String,
+    /// http: the key the server names its envs by (id: ALFWorld, env_idx:
+    /// WebShop).
+    #[arg(long, value_enum, default_value_t = IdField::Id)]
+    id_field: IdField,
     /// A subprocess env (envs/PROTOCOL.md): the program and its arguments,
     /// after `--`.
     #[arg(last = true)]
@@ -236,7 +237,7 @@ fn from_server(a: FromServerArgs) -> Result<()> {
     let kind = match a.url {
         Some(url) => EnvKind::Http {
             url,
-            id_field: a.id_field,
+            id_field: a.id_field.key(),
             expert: a.expert.clone(),
         },
         None => EnvKind::Subprocess {

@@ -1,4 +1,4 @@
-//! `actguide engine-reference`: a server speaking the part of llama.cpp's
+//! `actguide dev engine-reference`: a server speaking the part of llama.cpp's
 //! HTTP API the engine client uses (`GET /health`, `POST /completion`
 //! with token-id prompts, a GBNF alternation grammar, `n_probs`), over an
 //! actguide policy loaded from a GGUF file. It takes llama-server's

@@ -133,8 +133,8 @@ pub fn pass_at_k(n: usize, c: usize, k: usize) -> f64 {
 /// What `actguide eval` measures.
 #[derive(Debug, Clone)]
 pub struct EvalOptions {
-    /// "test", "train", or a panel file.
-    pub panel: String,
+    /// The panel: the run's test or train panel, or a file.
+    pub panel: crate::experiment::PanelRef,
     /// Sampled rollouts per task (pass@k for k up to this).
     pub samples: usize,
     /// 0 = every task of the panel.
@@ -185,16 +185,6 @@ fn summary(counts: &[&TaskCounts], n: usize) -> Value {
         "sampled_success": crate::experiment::metrics::round(counts.iter().map(|c| c.successes as f64 / c.samples.max(1) as f64).sum::<f64>() / t),
         "pass_at_k": pass,
     })
-}
-
-/// The panel file a `--panel` value names: "test" or "train" (the run's
-/// own panels), else a path.
-pub fn panel_path(exp: &crate::experiment::config::Experiment, panel: &str) -> std::path::PathBuf {
-    match panel {
-        "test" => std::path::PathBuf::from(&exp.env.test),
-        "train" => std::path::PathBuf::from(&exp.env.train),
-        other => std::path::PathBuf::from(other),
-    }
 }
 
 /// A run's experiment, its trained policy (latest or given checkpoint) and
@@ -304,7 +294,7 @@ pub fn eval_checkpoint(
         ..
     } = load_run(path, o.device)?;
     let mut opts = ropts;
-    let panel_path = panel_path(&exp, &o.panel);
+    let panel_path = o.panel.in_run(&exp);
     let mut tasks = panel::read_jsonl(&panel_path)?;
     if o.max_tasks > 0 {
         tasks.truncate(o.max_tasks);

@@ -9,7 +9,7 @@
 use std::path::Path;
 
 use crate::env::{panel, Task};
-use crate::experiment::eval::{load_run, panel_path, RunModels};
+use crate::experiment::eval::{load_run, RunModels};
 use crate::experiment::RunError;
 use crate::guidance::ResolvedSpec;
 use crate::rollout::{self, EpisodeRequest};
@@ -19,8 +19,8 @@ use crate::seed;
 /// What to probe.
 #[derive(Debug, Clone)]
 pub struct ProbeOptions {
-    /// "test", "train" or a panel file.
-    pub panel: String,
+    /// The panel: the run's test or train panel, or a file.
+    pub panel: crate::experiment::PanelRef,
     /// Task ids; empty = the first `per_cluster` tasks of each cluster.
     pub tasks: Vec<String>,
     pub per_cluster: usize,
@@ -69,7 +69,7 @@ pub fn probe(path: &Path, o: &ProbeOptions) -> Result<ProbeResult, RunError> {
         ..
     } = load_run(path, o.device)?;
     let policy = if o.initial { &initial } else { &trained };
-    let panel_path = panel_path(&exp, &o.panel);
+    let panel_path = o.panel.in_run(&exp);
     let all = panel::read_jsonl(&panel_path)?;
     let tasks: Vec<Task> = if o.tasks.is_empty() {
         let mut taken = std::collections::BTreeMap::<usize, usize>::new();

@@ -1,4 +1,4 @@
-//! `actguide bench`: rollout and train throughput of a model on the
+//! `actguide dev bench`: rollout and train throughput of a model on the
 //! household env, measured over a few real GRPO steps (rollouts with the
 //! step's batch of episodes, then one optimiser step on their tokens).
 

@@ -1,4 +1,4 @@
-//! `actguide bench-rollouts`: rollout throughput of an experiment's model
+//! `actguide dev bench-rollouts`: rollout throughput of an experiment's model
 //! on the built-in generation and on its engine (`rollout.engine`) with 1,
 //! 2, … launched servers: the same episodes (the first
 //! `tasks_per_step` train tasks × `group_size`, unguided), timed round by

@@ -1,4 +1,4 @@
-//! `actguide check-device`: does the model compute the same thing on a
+//! `actguide dev check-device`: does the model compute the same thing on a
 //! device as on the CPU, and does it train there? On a small random policy
 //! (Llama layout, untied head, grouped-query attention):
 //! - **parity f32**: target log-probs and next-token logits on the device

@@ -1,4 +1,4 @@
-//! `actguide bench-model`: raw model throughput, independent of any env.
+//! `actguide dev bench-model`: raw model throughput, independent of any env.
 //!
 //! For each batch size `B`, on random token prompts:
 //! - **decode**: [`Policy::generate`] (greedy, KV cache) of `N` new tokens
