@@ -1,4 +1,4 @@
-//! Experiments: config files, the run loop, the model side (`policies`:
+//! Experiments: config files, the run loop, the model side (`models`:
 //! sources, LoRA, prompt format), metrics, evaluation and export. The files
 //! a run writes belong to [`crate::rundir`].
 
@@ -8,7 +8,7 @@ pub mod eval;
 pub mod export;
 pub mod memory;
 pub mod metrics;
-pub mod policies;
+pub mod models;
 pub mod probe;
 pub mod run;
 

@@ -5,7 +5,7 @@
 //! and `simulate`, the synthetic learner of `simulate`, and `actguide
 //! check`.
 //!
-//! Dependencies run one way: `spec` ← `views`, `decode` ← `host` ←
+//! Dependencies run one way: `spec` ← `script_inputs`, `decode` ← `host` ←
 //! `rounds` ← `simulate` ← `check` (each file imports only files to its
 //! left).
 
@@ -16,13 +16,13 @@ pub mod host;
 pub mod rounds;
 pub mod simulate;
 pub mod spec;
-pub mod views;
+pub mod script_inputs;
 
 pub use check::check_script;
 pub use clusters::Clusters;
 pub use host::GuidanceHost;
 pub use spec::{GuidanceSpec, PlanLoss, ResolvedSpec};
-pub use views::{TaskResult, TaskView};
+pub use script_inputs::{TaskResult, TaskView};
 
 /// Script handles whose engines know guidance's `Spec` constructors
 /// (`prefix(n)`, `plan(k)`, …): every guidance, reward and intervention

@@ -24,7 +24,7 @@ use crate::guidance::clusters::Clusters;
 use crate::guidance::host::GuidanceHost;
 use crate::guidance::rounds::{drive, DriveReport, Outcome, Request, TaskRounds};
 use crate::guidance::spec::ResolvedSpec;
-use crate::guidance::views::{mean, TaskResult, TaskView};
+use crate::guidance::script_inputs::{mean, TaskResult, TaskView};
 use crate::script::{Effects, ScriptError};
 use crate::seed;
 
