@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use crate::engine::{Engine, EngineSection};
 use crate::env::{make_env, panel, Env};
-use crate::experiment::{policies, Experiment, RunError};
+use crate::experiment::{models, Experiment, RunError};
 use crate::guidance::ResolvedSpec;
 use crate::rollout::{self, EpisodeRequest};
 use crate::seed;
@@ -83,9 +83,9 @@ pub fn run(
     threads: Option<usize>,
     work: &Path,
 ) -> Result<RolloutBench, RunError> {
-    let device = policies::device(exp)?;
-    let src = policies::open(exp)?;
-    let policy = policies::initial(exp, &src, &device)?;
+    let device = models::device(exp)?;
+    let src = models::open(exp)?;
+    let policy = models::initial(exp, &src, &device)?;
     let tasks = panel::read_jsonl(Path::new(&exp.env.train))?;
     let n_tasks = exp.rollout.tasks_per_step.min(tasks.len());
     let reqs: Vec<EpisodeRequest> = tasks[..n_tasks]
@@ -99,7 +99,7 @@ pub fn run(
         .collect();
     let spec = exp.env.spec();
     let make = |limit: usize| -> Box<dyn Env> { make_env(&spec, limit) };
-    let mut ropts = policies::rollout_options(exp, &src, false)?;
+    let mut ropts = models::rollout_options(exp, &src, false)?;
     let measure = |ropts: &rollout::RolloutOptions,
                    generation: &str,
                    n_servers: usize,

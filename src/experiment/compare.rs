@@ -11,7 +11,7 @@ use serde_json::json;
 
 use crate::env::panel;
 use crate::experiment::config::Comparison;
-use crate::experiment::policies;
+use crate::experiment::models;
 use crate::experiment::run::{open_scripts, run, Event, RunError, RunOptions, RunSummary};
 use crate::rundir::{fresh_dir, write_atomic};
 
@@ -79,7 +79,7 @@ pub fn run_comparison(
 
 /// Open what every entry names, with the loaders its run uses, creating
 /// nothing: its panels, its model's config and tokenizer
-/// ([`policies::open`]), its scripts (compiled). A comparison trains its
+/// ([`models::open`]), its scripts (compiled). A comparison trains its
 /// entries one after another for hours; a missing or broken file in a
 /// late entry would otherwise surface only when that entry starts. The
 /// error names the first entry (in list order) that cannot start.
@@ -90,7 +90,7 @@ pub fn check_entries(cmp: &Comparison) -> Result<(), RunError> {
             // env when the run starts, which may launch the env's server.
             panel::read_jsonl(Path::new(&exp.env.train))?;
             panel::read_jsonl(Path::new(&exp.env.test))?;
-            policies::open(exp)?;
+            models::open(exp)?;
             open_scripts(exp, None)?;
             Ok(())
         };

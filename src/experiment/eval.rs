@@ -240,7 +240,7 @@ pub fn load_run(
     if let Some(d) = device {
         exp.model.device = d;
     }
-    let device = super::policies::device(&exp)?;
+    let device = super::models::device(&exp)?;
     let loaded = match ckpt {
         None => checkpoint::load_latest(&run_dir, &device, checkpoint::Sums::Required)?,
         Some(dir) => checkpoint::load_dir(dir, &device, checkpoint::Sums::Required)?,
@@ -250,11 +250,11 @@ pub fn load_run(
     let clusters = Clusters::from_lengths(&lens, exp.guidance.clusters);
     // The model as the run built it: its source, the checkpoint's weights
     // (or adapters on the source's base), and its prompt format.
-    let src = super::policies::open(&exp)?;
+    let src = super::models::open(&exp)?;
     let tok = src.tok.clone();
-    let trained = super::policies::trained(&exp, &src, Some(&loaded), &device)?;
-    let initial = super::policies::initial(&exp, &src, &device)?;
-    let ropts = super::policies::rollout_options(&exp, &src, false)?;
+    let trained = super::models::trained(&exp, &src, Some(&loaded), &device)?;
+    let initial = super::models::initial(&exp, &src, &device)?;
+    let ropts = super::models::rollout_options(&exp, &src, false)?;
     Ok(RunModels {
         src,
         ckpt_dir: loaded.dir.clone(),

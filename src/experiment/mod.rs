@@ -1,4 +1,4 @@
-//! Experiments: config files, the run loop, the model side (`policies`:
+//! Experiments: config files, the run loop, the model side (`models`:
 //! sources, LoRA, prompt format), metrics, evaluation and export, and the
 //! panel a command names (`panel_ref`). The files a run writes belong to
 //! [`crate::rundir`].
@@ -8,8 +8,8 @@ pub mod config;
 pub mod eval;
 pub mod export;
 pub mod metrics;
+pub mod models;
 pub mod panel_ref;
-pub mod policies;
 pub mod probe;
 pub mod run;
 

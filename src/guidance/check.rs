@@ -14,8 +14,8 @@ use crate::env::Task;
 use crate::guidance::decode::type_error;
 use crate::guidance::host::GuidanceHost;
 use crate::guidance::rounds::{drive, DriveReport, Request};
+use crate::guidance::script_inputs::{EpisodeView, TaskResult, TaskView, TurnView};
 use crate::guidance::simulate::SimEpisode;
-use crate::guidance::views::{EpisodeView, TaskResult, TaskView, TurnView};
 use crate::script::{Script, ScriptError};
 
 /// Task types and expert lengths of the three synthetic tasks.

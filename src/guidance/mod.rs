@@ -5,7 +5,7 @@
 //! and `simulate`, the synthetic learner of `simulate`, and `actguide
 //! check`.
 //!
-//! Dependencies run one way: `spec` ← `views`, `decode` ← `host` ←
+//! Dependencies run one way: `spec` ← `script_inputs`, `decode` ← `host` ←
 //! `rounds` ← `simulate` ← `check` (each file imports only files to its
 //! left).
 
@@ -14,15 +14,15 @@ pub mod clusters;
 pub mod decode;
 pub mod host;
 pub mod rounds;
+pub mod script_inputs;
 pub mod simulate;
 pub mod spec;
-pub mod views;
 
 pub use check::check_script;
 pub use clusters::Clusters;
 pub use host::GuidanceHost;
+pub use script_inputs::{TaskResult, TaskView};
 pub use spec::{GuidanceSpec, PlanLoss, ResolvedSpec};
-pub use views::{TaskResult, TaskView};
 
 /// Script handles whose engines know guidance's `Spec` constructors
 /// (`prefix(n)`, `plan(k)`, …): every guidance, reward and intervention

@@ -8,13 +8,13 @@ use rhai::{Array, Dynamic, Map};
 
 use crate::guidance::decode::{Review, RoundUse};
 use crate::guidance::host::GuidanceHost;
+use crate::guidance::script_inputs::TaskView;
 use crate::guidance::spec::GuidanceSpec;
-use crate::guidance::views::TaskView;
 use crate::script::ScriptError;
 
 /// What the driver needs to know about an executed rollout (defined with
 /// the views, which build a task's results from it).
-pub use crate::guidance::views::Outcome;
+pub use crate::guidance::script_inputs::Outcome;
 
 /// One rollout to execute: task index (into the step's tasks) and spec.
 #[derive(Debug, Clone, Copy, PartialEq)]

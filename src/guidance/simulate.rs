@@ -23,8 +23,8 @@ use crate::env::Task;
 use crate::guidance::clusters::Clusters;
 use crate::guidance::host::GuidanceHost;
 use crate::guidance::rounds::{drive, DriveReport, Outcome, Request, TaskRounds};
+use crate::guidance::script_inputs::{mean, TaskResult, TaskView};
 use crate::guidance::spec::ResolvedSpec;
-use crate::guidance::views::{mean, TaskResult, TaskView};
 use crate::script::{Effects, ScriptError};
 use crate::seed;
 

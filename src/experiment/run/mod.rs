@@ -7,21 +7,21 @@
 //!
 //! Files: [`setup`] (opening or resuming a run), [`step`] (one RL step as
 //! named phases) with [`step_line`] (its metrics line) and [`timings`] (its
-//! clocks), [`sft`] (the SFT step), [`evaluate`] (evaluations during the
-//! run), [`reload`] (hot reload), [`views`] (what the scripts see),
+//! clocks), [`sft`] (the SFT step), [`periodic_eval`] (evaluations during the
+//! run), [`reload`] (hot reload), [`script_views`] (what the scripts see),
 //! [`error`]. Every file the run writes goes through [`crate::rundir`].
 
 mod error;
-mod evaluate;
+mod periodic_eval;
 mod phases;
 mod ranks;
 mod reload;
+mod script_views;
 mod setup;
 pub mod sft;
 mod step;
 mod step_line;
 mod timings;
-mod views;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -43,12 +43,12 @@ use crate::script::Script;
 use crate::train::Trainer;
 
 pub use error::RunError;
-use evaluate::{run_eval, tb_write};
+use periodic_eval::{run_eval, tb_write};
 pub use ranks::serve_worker;
 pub use reload::ReloadFailure;
 use reload::{log_reload, reload_if_edited};
+use script_views::task_view;
 pub(crate) use setup::open_scripts;
-use views::task_view;
 
 /// How to run.
 #[derive(Debug, Clone, Default)]
@@ -604,7 +604,7 @@ fn save_checkpoint(ctx: &Ctx, kind: RunKind, step: usize) -> Result<PathBuf, Run
         experiment: serde_json::to_value(&ctx.exp).ok(),
         kind,
     };
-    super::policies::save_checkpoint(
+    super::models::save_checkpoint(
         ctx.dir.path(),
         &state,
         &ctx.exp,

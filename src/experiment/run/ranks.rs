@@ -36,7 +36,7 @@ use super::{setup, Ctx, RunError, RunOptions};
 use crate::distributed::{Collective, TcpGroup};
 use crate::env::{make_env, Env, Task};
 use crate::experiment::config::Experiment;
-use crate::experiment::policies;
+use crate::experiment::models;
 use crate::guidance::ResolvedSpec;
 use crate::model::device::DeviceSpec;
 use crate::model::{Policy, Tok};
@@ -413,9 +413,9 @@ pub fn serve_worker(
 ) -> Result<(), RunError> {
     let mut exp: Experiment = crate::rundir::RunDir::at(run_dir).read_experiment()?;
     exp.model.device = device;
-    let dev = policies::device(&exp)?;
+    let dev = models::device(&exp)?;
     let (train, _test, _clusters) = setup::panels(&exp)?;
-    let src = policies::open(&exp)?;
+    let src = models::open(&exp)?;
     let resumed = if resume {
         // Rank 0 verified this checkpoint before it started the ranks.
         Some(checkpoint::load_latest(
@@ -429,9 +429,9 @@ pub fn serve_worker(
     let (policy, mut trainer) =
         setup::policy_and_trainer(&exp, &exp.trainer, &src, resumed.as_ref(), &dev)?;
     if let Some(l) = &resumed {
-        policies::restore_optimizer(&mut trainer, l)?;
+        models::restore_optimizer(&mut trainer, l)?;
     }
-    let ropts = policies::rollout_options(
+    let ropts = models::rollout_options(
         &exp,
         &src,
         exp.trainer.aux_nll_coef > 0.0 || exp.trainer.train_prefix,

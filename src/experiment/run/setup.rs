@@ -11,7 +11,7 @@ use candle_core::Device;
 use super::{save_copy, sft, Ctx, Kind, RunError, RunOptions};
 use crate::env::{fill_experts, panel, Task};
 use crate::experiment::config::Experiment;
-use crate::experiment::policies;
+use crate::experiment::models;
 use crate::guidance::host::Role;
 use crate::guidance::{Clusters, GuidanceHost};
 use crate::model::{ModelSource, Policy};
@@ -44,7 +44,7 @@ fn open(
     claimed: &mut Option<PathBuf>,
 ) -> Result<Opened, RunError> {
     let mut warnings = Vec::new();
-    let device = policies::device(&exp)?;
+    let device = models::device(&exp)?;
     let (dir, lock, resumed) = match &opts.resume {
         Some(d) => {
             let dir = RunDir::at(d);
@@ -96,7 +96,7 @@ fn open(
         crate::rundir::RunKind::Rl => Kind::Rl,
         crate::rundir::RunKind::Sft => Kind::Sft(Box::new(sft::SftKind::new(&exp)?)),
     };
-    let src = policies::open(&exp)?;
+    let src = models::open(&exp)?;
     crate::model::memory::before_loading(
         &crate::model::memory::Footprint::lower_bound(
             &src.cfg,
@@ -149,7 +149,7 @@ fn open(
     }
     let regions = dir.regions()?;
     let tb = Some(dir.tensorboard()?);
-    let ropts = policies::rollout_options(
+    let ropts = models::rollout_options(
         &exp,
         &src,
         settings.aux_nll_coef > 0.0 || settings.train_prefix,
@@ -258,9 +258,9 @@ pub(super) fn policy_and_trainer(
     // The initial policy (from the model source, else the seed) is also
     // the frozen KL reference, after a resume too; with LoRA the adapters
     // start at zero, so it is exactly the adapted model's start.
-    let policy = policies::trained(exp, src, resumed, device)?;
+    let policy = models::trained(exp, src, resumed, device)?;
     let reference = if settings.kl_coef > 0.0 {
-        Some(policies::initial(exp, src, device)?)
+        Some(models::initial(exp, src, device)?)
     } else {
         None
     };
@@ -412,7 +412,7 @@ fn resume_state(
         checkpoint: l.dir.clone(),
         msg,
     };
-    policies::restore_optimizer(trainer, l)?;
+    models::restore_optimizer(trainer, l)?;
     host.restore(&l.state.host)
         .map_err(|e| resume(e.to_string()))?;
     host.set_source(Role::Guidance, Path::new(&exp.guidance.script));

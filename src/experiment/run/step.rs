@@ -13,9 +13,9 @@ use rand_chacha::ChaCha8Rng;
 
 use super::phases::{Batch, Driven, Update};
 use super::ranks::{Local, Ranks};
+use super::script_views::{episode_view, task_view};
 use super::step_line::step_line;
 use super::timings::{Phase, Timings};
-use super::views::{episode_view, task_view};
 use super::{log_reload, reload_if_edited, Ctx, Event, RunError};
 use crate::engine::Engine;
 use crate::env::{Env, Task};

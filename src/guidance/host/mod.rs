@@ -8,7 +8,7 @@
 //! returned for the run log. Reloading edited scripts at step boundaries and
 //! their probation live in [`reload`](self::reload); checkpoint snapshots in
 //! [`snapshot`](self::snapshot). The records scripts see are in
-//! [`views`](crate::guidance::views), the decoding of what they return in
+//! [`script_inputs`](crate::guidance::script_inputs), the decoding of what they return in
 //! [`decode`](crate::guidance::decode).
 
 mod reload;
@@ -30,7 +30,9 @@ use crate::seed;
 pub use crate::guidance::decode::{
     Intervention, Review, RoundRequest, RoundUse, MAX_ROUND_ROLLOUTS,
 };
-pub use crate::guidance::views::{EpisodeView, TaskHistory, TaskResult, TaskView, TurnView};
+pub use crate::guidance::script_inputs::{
+    EpisodeView, TaskHistory, TaskResult, TaskView, TurnView,
+};
 pub use reload::ReloadOutcome;
 pub use snapshot::{HostSnapshot, RestoreError};
 

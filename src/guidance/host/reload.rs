@@ -11,7 +11,7 @@ use rhai::Dynamic;
 
 use super::{GuidanceHost, Role};
 use crate::guidance::decode::{at_fn, intervention_from, number_from, specs_from};
-use crate::guidance::views::{EpisodeView, TaskView, TurnView};
+use crate::guidance::script_inputs::{EpisodeView, TaskView, TurnView};
 use crate::script::{to_dynamic, Script, ScriptError};
 
 /// The outcome of a reload attempt of one script.

@@ -7,7 +7,7 @@ use rhai::Dynamic;
 use serde::{Deserialize, Serialize};
 
 use super::{GuidanceHost, Role};
-use crate::guidance::views::TaskHistory;
+use crate::guidance::script_inputs::TaskHistory;
 
 /// Checkpointed host state.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
