@@ -441,7 +441,7 @@ pub struct StartCheck<'a> {
 /// line to log (the estimate, or why there is none). External envs are not
 /// probed (the probe's episodes would reach the server).
 pub fn before_start(c: &StartCheck<'_>) -> Result<String, crate::experiment::RunError> {
-    if !matches!(c.exp.env.kind, crate::env::EnvKindName::Builtin(_)) {
+    if !c.exp.env.is_builtin() {
         return Ok(
             "memory estimate skipped: an external env's prompt lengths are not probed".into(),
         );
