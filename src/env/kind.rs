@@ -1,6 +1,8 @@
 //! Which env: the built-in envs by name ([`BuiltinEnv`]), the `env.kind`
 //! setting of an experiment file ([`EnvKindName`]), and the dispatch from a
-//! built-in env to its env, panel generator and random-policy baseline.
+//! built-in env to its env, panel generator, default panels
+//! ([`write_default_panels`]) and random-policy baseline
+//! ([`random_policy_success`]).
 //!
 //! This is the one place that lists the env names, so an unknown name is
 //! rejected in one way everywhere: [`UnknownEnv`] for the command line
@@ -8,10 +10,12 @@
 //! files. Nothing falls back to a default env.
 
 use std::fmt;
+use std::path::Path;
 use std::str::FromStr;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use super::panel::PanelError;
 use super::{household, searchqa, shop, Env, Task};
 
 /// A built-in env.
@@ -83,6 +87,24 @@ impl BuiltinEnv {
         }
     }
 
+    /// The seed and the train and test sizes of the env's default panels
+    /// (the ones committed under `envs/<name>/`).
+    pub fn default_panels(self) -> (u64, usize, usize) {
+        match self {
+            BuiltinEnv::Household => (
+                household::DEFAULT_SEED,
+                household::DEFAULT_TRAIN,
+                household::DEFAULT_TEST,
+            ),
+            BuiltinEnv::Shop => (shop::DEFAULT_SEED, shop::DEFAULT_TRAIN, shop::DEFAULT_TEST),
+            BuiltinEnv::SearchQa => (
+                searchqa::DEFAULT_SEED,
+                searchqa::DEFAULT_TRAIN,
+                searchqa::DEFAULT_TEST,
+            ),
+        }
+    }
+
     /// The env's word list (what its tiny tokenizer covers).
     pub fn vocabulary(self) -> Vec<String> {
         match self {
@@ -132,8 +154,22 @@ pub fn generate_panels(
     })
 }
 
+/// Write a built-in env's default panels (its [`BuiltinEnv::default_panels`]
+/// seed and sizes; the panels committed under `envs/<name>/`) as
+/// `dir/train.jsonl` and `dir/test.jsonl`, creating `dir` if needed.
+pub fn write_default_panels(kind: BuiltinEnv, dir: &Path) -> Result<(), PanelError> {
+    let (seed, n_train, n_test) = kind.default_panels();
+    // The committed panels are these: the default sizes always fit (each
+    // env's tests pin it).
+    let (train, test) = generate_panels(kind, seed, n_train, n_test)
+        .unwrap_or_else(|e| panic!("the default {kind} panels generate: {e}"));
+    super::panel::write_panels(dir, &train, &test)
+}
+
 /// Success of a uniformly random admissible-action policy per difficulty:
-/// `(difficulty, tasks, success rate)`, for a built-in env's panel.
+/// `(difficulty, tasks, success rate)` sorted by difficulty, for a
+/// built-in env's panel. Tasks whose world fails to load count as
+/// failures.
 pub fn random_policy_success(
     kind: BuiltinEnv,
     tasks: &[Task],

@@ -15,8 +15,8 @@ pub mod shop;
 pub mod spec;
 
 pub use kind::{
-    generate_panels, random_policy_success, BuiltinEnv, CannotGenerate, EnvKindName, GenerateError,
-    UnknownEnv,
+    generate_panels, random_policy_success, write_default_panels, BuiltinEnv, CannotGenerate,
+    EnvKindName, GenerateError, UnknownEnv,
 };
 pub use spec::{fill_experts, make_env, EnvKind, EnvSpec, ExpertSource};
 

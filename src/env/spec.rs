@@ -5,9 +5,9 @@
 
 use super::{external, BuiltinEnv, Env, EnvError, Observation, Task};
 
-/// Which env a run talks to, with what it needs to reach it (the
-/// experiment file's `env.kind` is an [`super::EnvKindName`]; the section's
-/// other keys fill in the rest).
+/// Which env a run talks to, with what it needs to reach it (an
+/// experiment's is its `env` section's
+/// [`crate::experiment::config::EnvKindSection`]).
 #[derive(Debug, Clone, PartialEq)]
 pub enum EnvKind {
     Builtin(BuiltinEnv),

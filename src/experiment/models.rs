@@ -122,9 +122,10 @@ pub fn rollout_options(
         max_steps: exp.env.max_steps,
         step_slack: exp.env.step_slack,
         format,
-        env_concurrency: match exp.env.kind {
-            crate::env::EnvKindName::Builtin(_) => 1,
-            _ => exp.env.concurrency.max(1),
+        env_concurrency: if exp.env.is_builtin() {
+            1
+        } else {
+            exp.env.concurrency.max(1)
         },
         // The run loop attaches the started engine to the training
         // rollouts' options; evaluation stays on the built-in model.

@@ -7,7 +7,6 @@
 //! iteration order leaks into the output.
 
 use std::collections::BTreeSet;
-use std::path::Path;
 
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -18,8 +17,6 @@ use super::expert::expert_plan;
 use super::room::gen_world;
 use super::sim::{Sim, SimError};
 use super::world::World;
-use super::HouseholdEnv;
-use crate::env::panel::{write_panels, PanelError};
 use crate::env::{GenerateError, Task};
 
 /// Seed of the committed panels `envs/household/{train,test}.jsonl`.
@@ -197,39 +194,16 @@ pub fn generate_panels(
     Ok((train, test))
 }
 
-/// Write the default panels (seed [`DEFAULT_SEED`]) as `dir/train.jsonl`
-/// and `dir/test.jsonl`, creating `dir` if needed.
-pub fn write_default_panels(dir: &Path) -> Result<(), PanelError> {
-    // The committed panels are these: the default sizes always fit.
-    let (train, test) = generate_panels(DEFAULT_SEED, DEFAULT_TRAIN, DEFAULT_TEST)
-        .expect("the default household panels generate");
-    write_panels(dir, &train, &test)
-}
-
-/// Success rate of a uniformly random admissible-action policy, per
-/// difficulty: `(difficulty, tasks, success rate)` sorted by difficulty.
-/// Tasks whose world fails to load count as failures.
-pub fn random_policy_success(
-    tasks: &[Task],
-    rollouts: usize,
-    max_steps: usize,
-    seed: u64,
-) -> Vec<(usize, usize, f64)> {
-    crate::env::panel::random_policy_success(
-        &mut HouseholdEnv::new(max_steps),
-        tasks,
-        rollouts,
-        seed,
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::env::household::HouseholdEnv;
     use crate::env::household::{expert_plan, split_words, vocabulary, DEFAULT_MAX_STEPS};
     use crate::env::panel::{read_jsonl, to_jsonl};
     use crate::env::Env;
+    use crate::env::{random_policy_success, write_default_panels, BuiltinEnv};
     use std::collections::BTreeMap;
+    use std::path::Path;
 
     fn histogram(tasks: &[Task]) -> BTreeMap<usize, usize> {
         let mut h = BTreeMap::new();
@@ -260,7 +234,7 @@ mod tests {
             );
         }
         let tmp = tempfile::tempdir().unwrap();
-        write_default_panels(tmp.path()).unwrap();
+        write_default_panels(BuiltinEnv::Household, tmp.path()).unwrap();
         let again = std::fs::read(tmp.path().join("train.jsonl")).unwrap();
         assert_eq!(again, std::fs::read(dir.join("train.jsonl")).unwrap());
     }
@@ -351,7 +325,7 @@ mod tests {
     #[test]
     fn random_policy_solves_short_tasks_only() {
         let (train, _) = committed();
-        let table = random_policy_success(&train, 40, 20, 3);
+        let table = random_policy_success(BuiltinEnv::Household, &train, 40, 20, 3);
         let rate = |pred: &dyn Fn(usize) -> bool| {
             let (n, wins) = table
                 .iter()
@@ -366,7 +340,10 @@ mod tests {
         assert!(short > 0.05, "random success at difficulty <= 2: {short}");
         assert!(long < 0.005, "random success at difficulty >= 8: {long}");
         // Deterministic for a seed.
-        assert_eq!(table, random_policy_success(&train, 40, 20, 3));
+        assert_eq!(
+            table,
+            random_policy_success(BuiltinEnv::Household, &train, 40, 20, 3)
+        );
     }
 
     /// Every word the env emits during expert and random rollouts, and every
@@ -398,8 +375,11 @@ mod tests {
     #[test]
     #[ignore]
     fn write_committed_panels() {
-        write_default_panels(&Path::new(env!("CARGO_MANIFEST_DIR")).join("envs/household"))
-            .unwrap();
+        write_default_panels(
+            BuiltinEnv::Household,
+            &Path::new(env!("CARGO_MANIFEST_DIR")).join("envs/household"),
+        )
+        .unwrap();
     }
 
     /// `cargo test --lib household::generate::tests::print_panel_stats -- --ignored --nocapture`
@@ -418,7 +398,8 @@ mod tests {
         println!("test histogram {:?}", histogram(&test));
         for steps in [20, 50] {
             println!("random policy, max_steps {steps}:");
-            for (d, n, rate) in random_policy_success(&train, 100, steps, 1) {
+            for (d, n, rate) in random_policy_success(BuiltinEnv::Household, &train, 100, steps, 1)
+            {
                 println!("  difficulty {d:2}: {n:3} tasks, success {rate:.3}");
             }
         }

@@ -4,9 +4,10 @@
 //! object kinds ([`catalog`]), the serialized world ([`World`]), the rules
 //! engine (commands, feedback, admissible list, goal test, status), the
 //! expert planner ([`expert_plan`]), the seeded panel generator
-//! ([`generate_panels`], [`write_default_panels`]; `room` draws one random
-//! room), the env's word list ([`vocabulary`]) and a random-policy baseline
-//! ([`random_policy_success`]).
+//! ([`generate_panels`], with the default seed and sizes; `room` draws one
+//! random room) and the env's word list ([`vocabulary`]). Writing the
+//! default panels and the random-policy baseline are the same for every
+//! built-in env: [`crate::env::kind`].
 //!
 //! Worlds are complete states, so the panel's short "in-region" tasks are
 //! just worlds captured part-way along an expert trajectory (agent at the
@@ -25,10 +26,7 @@ mod world;
 
 pub use catalog::{TaskType, MAX_INDEX};
 pub use expert::expert_plan;
-pub use generate::{
-    generate_panels, random_policy_success, write_default_panels, DEFAULT_SEED, DEFAULT_TEST,
-    DEFAULT_TRAIN,
-};
+pub use generate::{generate_panels, DEFAULT_SEED, DEFAULT_TEST, DEFAULT_TRAIN};
 pub use vocab::{split_words, vocabulary};
 pub use world::{Agent, Goal, Object, Receptacle, World, WorldError};
 

@@ -10,15 +10,12 @@
 //! (seed, split, index), the hop counts are balanced, and train and test
 //! never share a question (no retry loop, no shared "taken" set).
 
-use std::path::Path;
-
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
 use super::corpus::{corpus, question_text, Corpus, Relation, CORPUS_ID};
-use super::{SearchQaEnv, World, TOP_K};
-use crate::env::panel::{write_panels, PanelError};
+use super::{World, TOP_K};
 use crate::env::{GenerateError, Task};
 
 /// Seed of the committed panels `envs/searchqa/{train,test}.jsonl`.
@@ -202,32 +199,6 @@ pub fn generate_panels(
         panel(seed, SPLIT_TRAIN, n_train)?,
         panel(seed, SPLIT_TEST, n_test)?,
     ))
-}
-
-/// Write the default panels (seed [`DEFAULT_SEED`]) as `dir/train.jsonl`
-/// and `dir/test.jsonl`, creating `dir` if needed.
-pub fn write_default_panels(dir: &Path) -> Result<(), PanelError> {
-    // The committed panels are these: the default sizes always fit.
-    let (train, test) = generate_panels(DEFAULT_SEED, DEFAULT_TRAIN, DEFAULT_TEST)
-        .expect("the default searchqa panels generate");
-    write_panels(dir, &train, &test)
-}
-
-/// Success rate of a uniformly random admissible-action policy, per
-/// difficulty (hops): `(difficulty, tasks, success rate)` sorted by
-/// difficulty. Tasks whose world fails to load count as failures.
-pub fn random_policy_success(
-    tasks: &[Task],
-    rollouts: usize,
-    max_steps: usize,
-    seed: u64,
-) -> Vec<(usize, usize, f64)> {
-    crate::env::panel::random_policy_success(
-        &mut SearchQaEnv::new(max_steps),
-        tasks,
-        rollouts,
-        seed,
-    )
 }
 
 #[cfg(test)]

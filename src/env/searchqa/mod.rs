@@ -6,8 +6,9 @@
 //! ([`bm25`]), answer scoring ([`normalize_answer`], [`f1`]), the tool
 //! protocol (search / open / answer, feedback, admissible list, status),
 //! the seeded panel generator with the expert action data
-//! ([`generate_panels`], [`write_default_panels`]), the env's word list
-//! ([`vocabulary`]) and a random-policy baseline ([`random_policy_success`]).
+//! ([`generate_panels`], with the default seed and sizes) and the env's word
+//! list ([`vocabulary`]). Writing the default panels and the random-policy
+//! baseline are the same for every built-in env: [`crate::env::kind`].
 //!
 //! # Tasks
 //!
@@ -59,8 +60,7 @@ mod vocab;
 pub use answer::{exact_match, f1, normalize_answer};
 pub use corpus::{question_text, Kind, NoFact, Relation, CORPUS_ID, CORPUS_SEED};
 pub use generate::{
-    expert_actions, generate_panels, random_policy_success, write_default_panels, DEFAULT_SEED,
-    DEFAULT_TEST, DEFAULT_TRAIN, MAX_HOPS,
+    expert_actions, generate_panels, DEFAULT_SEED, DEFAULT_TEST, DEFAULT_TRAIN, MAX_HOPS,
 };
 pub use vocab::vocabulary;
 

@@ -8,6 +8,7 @@ use super::corpus::corpus;
 use super::*;
 use crate::env::household::split_words;
 use crate::env::panel::{read_jsonl, to_jsonl};
+use crate::env::{random_policy_success, write_default_panels, BuiltinEnv};
 
 fn dir() -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("envs/searchqa")
@@ -32,7 +33,7 @@ fn committed_panels_are_regenerated_byte_for_byte() {
         );
     }
     let tmp = tempfile::tempdir().unwrap();
-    write_default_panels(tmp.path()).unwrap();
+    write_default_panels(BuiltinEnv::SearchQa, tmp.path()).unwrap();
     for file in ["train.jsonl", "test.jsonl"] {
         assert_eq!(
             std::fs::read(tmp.path().join(file)).unwrap(),
@@ -346,7 +347,7 @@ fn protocol_errors_never_panic() {
 #[test]
 fn random_policy_success_falls_with_hops() {
     let (train, _) = committed();
-    let table = random_policy_success(&train, 16, DEFAULT_MAX_STEPS, 3);
+    let table = random_policy_success(BuiltinEnv::SearchQa, &train, 16, DEFAULT_MAX_STEPS, 3);
     eprintln!("random admissible policy over the default train panel (16 rollouts each):");
     eprintln!("  hops  tasks  success");
     for (d, n, rate) in &table {
@@ -365,7 +366,7 @@ fn random_policy_success_falls_with_hops() {
     // Deterministic for a seed.
     assert_eq!(
         table,
-        random_policy_success(&train, 16, DEFAULT_MAX_STEPS, 3)
+        random_policy_success(BuiltinEnv::SearchQa, &train, 16, DEFAULT_MAX_STEPS, 3)
     );
 }
 
@@ -409,7 +410,7 @@ fn vocabulary_covers_everything_emitted() {
 #[test]
 #[ignore]
 fn write_committed_panels() {
-    write_default_panels(&dir()).unwrap();
+    write_default_panels(BuiltinEnv::SearchQa, &dir()).unwrap();
 }
 
 /// `cargo test --lib searchqa::tests::print_panel_stats -- --ignored --nocapture`
@@ -425,7 +426,9 @@ fn print_panel_stats() {
     for t in train.iter().take(8) {
         println!("{} [{}] {} -> {:?}", t.id, t.task_type, t.goal, t.expert);
     }
-    for (d, n, rate) in random_policy_success(&train, 100, DEFAULT_MAX_STEPS, 1) {
+    for (d, n, rate) in
+        random_policy_success(BuiltinEnv::SearchQa, &train, 100, DEFAULT_MAX_STEPS, 1)
+    {
         println!("  hops {d}: {n:3} tasks, success {rate:.4}");
     }
 }

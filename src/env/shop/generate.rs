@@ -17,7 +17,6 @@
 //! the split's earlier goals only, never on worker or hashing order.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
 
 use rand::seq::{IndexedRandom, SliceRandom};
 use rand::{Rng, SeedableRng};
@@ -27,7 +26,6 @@ use super::catalog::{catalog, product_type, subset, Product, CATALOG_ID, PAGE_SI
 use super::sim::{BUY, NEXT};
 use super::world::{Goal, World};
 use super::ShopEnv;
-use crate::env::panel::{write_panels, PanelError};
 use crate::env::{Env, EnvError, GenerateError, Task};
 
 /// Seed of the committed panels `envs/shop/{train,test}.jsonl`.
@@ -405,33 +403,14 @@ pub fn generate_panels(
     ))
 }
 
-/// Write the default panels (seed [`DEFAULT_SEED`]) as `dir/train.jsonl`
-/// and `dir/test.jsonl`, creating `dir` if needed.
-pub fn write_default_panels(dir: &Path) -> Result<(), PanelError> {
-    // The committed panels are these: the default sizes always fit.
-    let (train, test) = generate_panels(DEFAULT_SEED, DEFAULT_TRAIN, DEFAULT_TEST)
-        .expect("the default shop panels generate");
-    write_panels(dir, &train, &test)
-}
-
-/// Success rate of a uniformly random admissible-action policy, per
-/// difficulty: `(difficulty, tasks, success rate)` sorted by difficulty.
-/// Tasks whose world fails to load count as failures.
-pub fn random_policy_success(
-    tasks: &[Task],
-    rollouts: usize,
-    max_steps: usize,
-    seed: u64,
-) -> Vec<(usize, usize, f64)> {
-    crate::env::panel::random_policy_success(&mut ShopEnv::new(max_steps), tasks, rollouts, seed)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::env::household::split_words;
     use crate::env::panel::{read_jsonl, to_jsonl};
     use crate::env::shop::{vocabulary, DEFAULT_MAX_STEPS};
+    use crate::env::{random_policy_success, write_default_panels, BuiltinEnv};
+    use std::path::Path;
 
     fn dir() -> std::path::PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("envs/shop")
@@ -464,7 +443,7 @@ mod tests {
             );
         }
         let tmp = tempfile::tempdir().unwrap();
-        write_default_panels(tmp.path()).unwrap();
+        write_default_panels(BuiltinEnv::Shop, tmp.path()).unwrap();
         for file in ["train.jsonl", "test.jsonl"] {
             let again = std::fs::read(tmp.path().join(file)).unwrap();
             assert_eq!(again, std::fs::read(dir().join(file)).unwrap());
@@ -572,7 +551,7 @@ mod tests {
     #[test]
     fn random_policy_success_falls_with_difficulty() {
         let (train, _) = committed();
-        let table = random_policy_success(&train, 16, DEFAULT_MAX_STEPS, 3);
+        let table = random_policy_success(BuiltinEnv::Shop, &train, 16, DEFAULT_MAX_STEPS, 3);
         eprintln!("random policy, {DEFAULT_MAX_STEPS} steps, 16 rollouts per task:");
         for (d, n, rate) in &table {
             eprintln!("  difficulty {d}: {n:3} tasks, success {rate:.3}");
@@ -594,7 +573,7 @@ mod tests {
         // Deterministic for a seed.
         assert_eq!(
             table,
-            random_policy_success(&train, 16, DEFAULT_MAX_STEPS, 3)
+            random_policy_success(BuiltinEnv::Shop, &train, 16, DEFAULT_MAX_STEPS, 3)
         );
     }
 
@@ -639,7 +618,7 @@ mod tests {
     #[test]
     #[ignore]
     fn write_committed_panels() {
-        write_default_panels(&dir()).unwrap();
+        write_default_panels(BuiltinEnv::Shop, &dir()).unwrap();
     }
 
     /// `cargo test --lib env::shop::generate::tests::print_panel_stats -- --ignored --nocapture`
@@ -651,7 +630,9 @@ mod tests {
         println!("test histogram {:?}", histogram(&test));
         let vocab = vocabulary();
         println!("vocabulary: {} words", vocab.len());
-        for (d, n, rate) in random_policy_success(&train, 100, DEFAULT_MAX_STEPS, 1) {
+        for (d, n, rate) in
+            random_policy_success(BuiltinEnv::Shop, &train, 100, DEFAULT_MAX_STEPS, 1)
+        {
             println!("  difficulty {d}: {n:3} tasks, success {rate:.3}");
         }
     }

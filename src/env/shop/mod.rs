@@ -5,8 +5,9 @@
 //! the WebShop reward ([`World`], [`Goal`], [`reward`]), the page rules
 //! (search → results → item → description / features / reviews → buy), the
 //! expert planner ([`expert_plan`]), the seeded panel generator
-//! ([`generate_panels`], [`write_default_panels`]), the env's word list
-//! ([`vocabulary`]) and a random-policy baseline ([`random_policy_success`]).
+//! ([`generate_panels`], with the default seed and sizes) and the env's word
+//! list ([`vocabulary`]). Writing the default panels and the random-policy
+//! baseline are the same for every built-in env: [`crate::env::kind`].
 //!
 //! Free-text search cannot be enumerated, so the search page's admissible
 //! list is the task's candidate queries (the goal's own and distractors);
@@ -25,10 +26,7 @@ pub use catalog::{
     catalog, product_type, Catalog, OptionKind, Product, ProductType, CATALOG_ID, MAX_RESULTS,
     PAGE_SIZE, TYPES,
 };
-pub use generate::{
-    expert_plan, generate_panels, random_policy_success, write_default_panels, DEFAULT_SEED,
-    DEFAULT_TEST, DEFAULT_TRAIN,
-};
+pub use generate::{expert_plan, generate_panels, DEFAULT_SEED, DEFAULT_TEST, DEFAULT_TRAIN};
 pub use vocab::vocabulary;
 pub use world::{r_type, reward, Goal, World, WorldError};
 

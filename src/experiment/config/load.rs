@@ -255,15 +255,50 @@ impl Experiment {
     /// Deserialize and validate an experiment map; errors point at the key
     /// in `source`.
     fn from_json(file: &str, source: &str, json: serde_json::Value) -> Result<Self, ConfigError> {
-        let exp: Experiment =
-            serde_path_to_error::deserialize(json).map_err(|e| field_error(file, source, e))?;
+        let exp: Experiment = serde_path_to_error::deserialize(&json).map_err(|e| {
+            // The env section's kind refused one of its keys: point at
+            // that key, not at `env`.
+            let kind_error = (e.path().to_string() == "env")
+                .then(|| json.get("env").and_then(super::env::kind_error))
+                .flatten();
+            match kind_error {
+                Some(k) => env_key_error(file, source, k),
+                None => field_error(file, source, e),
+            }
+        })?;
         let resolved = serde_json::to_value(&exp).map_err(|e| ConfigError::Invalid {
             file: file.into(),
             msg: e.to_string(),
         })?;
         super::ranges::check(file, source, &resolved)?;
-        exp.validate(file, source)?;
+        exp.validate(file)?;
         Ok(exp)
+    }
+}
+
+/// An env key its kind refused, at the key's line:col (a missing key's
+/// complaint is at `env.kind`; without it in the source, at `env`).
+fn env_key_error(file: &str, source: &str, e: super::env::EnvKeyError) -> ConfigError {
+    let at = |keys: &[&str]| {
+        locate_key(
+            source,
+            &keys.iter().map(|k| k.to_string()).collect::<Vec<_>>(),
+        )
+    };
+    match [at(&["env", e.key]), at(&["env"])]
+        .into_iter()
+        .find(|&p| p != (0, 0))
+    {
+        Some((line, col)) => ConfigError::Field {
+            file: file.into(),
+            line,
+            col,
+            msg: e.msg,
+        },
+        None => ConfigError::Invalid {
+            file: file.into(),
+            msg: e.msg,
+        },
     }
 }
 

@@ -4,8 +4,9 @@
 //!
 //! This module holds the settings themselves (one struct per section, with
 //! their defaults; the trainer's live in [`crate::train::settings`]) and the
-//! checks serde cannot express (bounds, settings that need each other); its
-//! `load` module reads a file into them, `ranges` holds every numeric
+//! checks serde cannot express (bounds, settings that need each other); the
+//! `env` section, one variant per env kind with that kind's own keys, is
+//! its `env` module. Its `load` module reads a file into them, `ranges` holds every numeric
 //! setting's range and `position` finds a key's line:col in the source. Unknown keys, wrong types and
 //! unknown values of the typed settings (`env.kind`, `model.device`,
 //! `rollout.format`, the trainer's choices, `evaluation.panels`) are
@@ -21,11 +22,15 @@ use crate::rollout::chat::PromptFormat;
 use crate::script::ScriptError;
 pub use crate::train::TrainerSection;
 
+mod env;
 mod load;
 mod position;
 mod ranges;
 mod sft;
 
+pub use env::{
+    EnvKeyError, EnvKindSection, EnvSection, HttpEnvSection, IdField, SubprocessEnvSection,
+};
 pub use load::{Comparison, ExperimentFile};
 pub use sft::SftSection;
 
@@ -95,144 +100,6 @@ impl ModelSection {
     pub fn precision(&self) -> crate::model::Precision {
         crate::model::Precision::resolve(self.dtype, self.device)
     }
-}
-
-/// Environment and task panels.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct EnvSection {
-    /// "household", "shop", "searchqa" (built-in), "http" (AgentGym env
-    /// server at `url`) or "subprocess" (`command` speaking
-    /// envs/PROTOCOL.md).
-    #[serde(default)]
-    pub kind: crate::env::EnvKindName,
-    pub train: String,
-    pub test: String,
-    /// Episode step limit in policy actions (executed expert prefix
-    /// actions come on top).
-    #[serde(default = "d_max_steps")]
-    pub max_steps: usize,
-    /// If set, a task's policy budget is min(max_steps, expert actions
-    /// left + step_slack): rewarded episodes then hold little wandering.
-    #[serde(default)]
-    pub step_slack: Option<usize>,
-    /// http: the env server's base URL.
-    #[serde(default)]
-    pub url: Option<String>,
-    /// http: the id field of the server's dialect ("id" for AgentGym's
-    /// ALFWorld adapter, "env_idx" for its WebShop adapter).
-    #[serde(default)]
-    pub id_field: IdField,
-    /// http: the server answers `GET /expert?id=<task id>` with the task's
-    /// expert actions (asked for tasks whose panel line has none); the
-    /// same as `expert: "task"`.
-    #[serde(default)]
-    pub expert_endpoint: bool,
-    /// External envs: where tasks whose panel line has no expert actions
-    /// get them: "task" (per task, before a reset), "instance" (from an
-    /// env reset to the task), "reset:<dotted path>" (a field of the reset
-    /// reply, e.g. "reset:info.extra.expert_plan") or "panel" (nowhere).
-    /// Default: "task" for subprocess envs, "panel" for http ones.
-    #[serde(default)]
-    pub expert: Option<crate::env::ExpertSource>,
-    /// subprocess: the program and its arguments.
-    #[serde(default)]
-    pub command: Vec<String>,
-    /// External envs: seconds to wait for one reply, and extra attempts of
-    /// requests that are safe to repeat (create, reset, expert).
-    #[serde(default = "d_timeout_s")]
-    pub timeout_s: f64,
-    #[serde(default = "d_retries")]
-    pub retries: usize,
-    /// External envs: episodes whose requests run at once (a silent server
-    /// then costs one timeout per turn, not one per episode).
-    #[serde(default = "d_concurrency")]
-    pub concurrency: usize,
-    /// External envs: the longest one training step (or one evaluation)
-    /// waits on the env in all; past it, and after any timeout in the
-    /// step, requests fail at once (their episodes fail with the reason).
-    #[serde(default = "d_step_deadline_s")]
-    pub step_deadline_s: f64,
-    /// External envs: a done step with at least this reward is a success
-    /// (unless the reply says `success`).
-    #[serde(default = "d_success_reward")]
-    pub success_reward: f64,
-}
-
-/// The key an AgentGym server names its envs by (`env.id_field`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum IdField {
-    /// `id`: the ALFWorld adapter (and `actguide serve-env`).
-    #[default]
-    Id,
-    /// `env_idx`: the WebShop adapter.
-    EnvIdx,
-}
-
-impl IdField {
-    /// The JSON key.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            IdField::Id => "id",
-            IdField::EnvIdx => "env_idx",
-        }
-    }
-}
-fn d_concurrency() -> usize {
-    16
-}
-fn d_step_deadline_s() -> f64 {
-    1800.0
-}
-fn d_timeout_s() -> f64 {
-    30.0
-}
-fn d_retries() -> usize {
-    2
-}
-fn d_success_reward() -> f64 {
-    1.0
-}
-
-impl EnvSection {
-    /// The env spec the runner builds envs from.
-    pub fn spec(&self) -> crate::env::EnvSpec {
-        use crate::env::{external::Limits, EnvKind, EnvKindName, EnvSpec, ExpertSource};
-        let kind = match self.kind {
-            EnvKindName::Http => EnvKind::Http {
-                url: self.url.clone().unwrap_or_default(),
-                id_field: self.id_field.as_str().to_string(),
-                expert: self.expert.clone().unwrap_or(if self.expert_endpoint {
-                    ExpertSource::Task
-                } else {
-                    ExpertSource::Panel
-                }),
-            },
-            EnvKindName::Subprocess => EnvKind::Subprocess {
-                command: self.command.clone(),
-                expert: self.expert.clone().unwrap_or(ExpertSource::Task),
-            },
-            EnvKindName::Builtin(k) => EnvKind::Builtin(k),
-        };
-        EnvSpec {
-            kind,
-            limits: Limits {
-                timeout: std::time::Duration::from_secs_f64(self.timeout_s.clamp(0.001, 86_400.0)),
-                retries: self.retries,
-            },
-            success_reward: self.success_reward,
-            step_deadline: Some(std::time::Duration::from_secs_f64(
-                self.step_deadline_s.clamp(0.001, 1e9),
-            )),
-            guard: Default::default(),
-            conns: Default::default(),
-        }
-    }
-}
-
-fn d_max_steps() -> usize {
-    50
 }
 
 /// Guidance script and clustering.
@@ -435,13 +302,12 @@ pub enum ConfigError {
 impl Experiment {
     /// The checks serde cannot express (bounds, settings that need each
     /// other), one section at a time.
-    fn validate(&self, file: &str, source: &str) -> Result<(), ConfigError> {
+    fn validate(&self, file: &str) -> Result<(), ConfigError> {
         check_name(file, &self.name)?;
         check_rollout(file, &self.rollout)?;
         if let Some(s) = &self.sft {
             s.check().map_err(|m| invalid(file, &m))?;
         }
-        check_env(file, source, &self.env)?;
         check_model(file, &self.model)
     }
 
@@ -494,76 +360,6 @@ fn check_rollout(file: &str, r: &RolloutSection) -> Result<(), ConfigError> {
                 file,
                 "rollout.engine serves real models: set rollout.format to \"chat\" (the plain format is the tiny model's)",
             ));
-        }
-    }
-    Ok(())
-}
-
-/// Each env kind's own keys: the ones it needs, and no other kind's (a
-/// `url` on a built-in env would be silently ignored).
-fn check_env(file: &str, source: &str, e: &EnvSection) -> Result<(), ConfigError> {
-    use crate::env::EnvKindName;
-    let kind = e.kind;
-    let at = |key: &str, msg: String| -> ConfigError {
-        match position::locate_key(source, &["env".into(), key.into()]) {
-            (0, 0) => invalid(file, &msg),
-            (line, col) => ConfigError::Field {
-                file: file.into(),
-                line,
-                col,
-                msg,
-            },
-        }
-    };
-    let foreign = |key: &str, set: bool, owner: &str| -> Result<(), ConfigError> {
-        if !set {
-            return Ok(());
-        }
-        Err(at(
-            key,
-            format!(
-                "env.{key} belongs to env.kind \"{owner}\"; this env is \"{}\", which would ignore it",
-                kind.name()
-            ),
-        ))
-    };
-    if kind != EnvKindName::Http {
-        foreign("url", e.url.is_some(), "http")?;
-        foreign("expert_endpoint", e.expert_endpoint, "http")?;
-    }
-    if matches!(kind, EnvKindName::Builtin(_)) {
-        foreign("expert", e.expert.is_some(), "http\" or \"subprocess")?;
-    }
-    if let Some(x) = e
-        .expert
-        .as_ref()
-        .filter(|x| e.expert_endpoint && **x != crate::env::ExpertSource::Task)
-    {
-        return Err(at(
-            "expert_endpoint",
-            format!("env.expert_endpoint means env.expert \"task\", but env.expert is \"{x}\": keep one"),
-        ));
-    }
-    if kind != EnvKindName::Subprocess {
-        foreign("command", !e.command.is_empty(), "subprocess")?;
-    }
-    match kind {
-        EnvKindName::Builtin(_) => {}
-        EnvKindName::Http => {
-            if e.url.as_deref().is_none_or(|u| !u.starts_with("http://")) {
-                return Err(invalid(
-                    file,
-                    "env.kind \"http\" needs env.url = \"http://host:port\"",
-                ));
-            }
-        }
-        EnvKindName::Subprocess => {
-            if e.command.is_empty() {
-                return Err(invalid(
-                    file,
-                    "env.kind \"subprocess\" needs env.command = [\"program\", \"arg\", …]",
-                ));
-            }
         }
     }
     Ok(())
@@ -685,12 +481,17 @@ let steps = 3;
         let with = |v: &str| {
             GOOD.replace(
                 "test: \"b.jsonl\" }",
-                &format!("test: \"b.jsonl\", id_field: \"{v}\" }}"),
+                &format!(
+                    "test: \"b.jsonl\", kind: \"http\", url: \"http://h:1\", id_field: \"{v}\" }}"
+                ),
             )
         };
         let e = Experiment::from_source("x.rhai", &with("env_idx")).unwrap();
-        assert_eq!(e.env.id_field, IdField::EnvIdx);
-        assert_eq!(e.env.id_field.as_str(), "env_idx");
+        let EnvKindSection::Http(http) = &e.env.kind else {
+            panic!("{:?}", e.env.kind)
+        };
+        assert_eq!(http.id_field, IdField::EnvIdx);
+        assert_eq!(http.id_field.as_str(), "env_idx");
         let src = with("idx");
         let msg = Experiment::from_source("x.rhai", &src)
             .unwrap_err()

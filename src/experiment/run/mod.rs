@@ -287,7 +287,7 @@ fn check_memory(
     limit: Option<u64>,
     on_event: &mut dyn FnMut(Event),
 ) -> Result<(), RunError> {
-    let line = if !matches!(ctx.exp.env.kind, crate::env::EnvKindName::Builtin(_)) {
+    let line = if !ctx.exp.env.is_builtin() {
         "memory estimate skipped: an external env's prompt lengths are not probed".to_string()
     } else {
         let rl = kind.of().is_rl();
