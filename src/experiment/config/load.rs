@@ -8,6 +8,16 @@ use super::position::{locate_key, map_start};
 use super::{ConfigError, Experiment};
 use crate::script::ScriptError;
 
+/// An experiment file's name (as errors show it) and source.
+fn read_source(path: &Path) -> Result<(String, String), ConfigError> {
+    let file = path.display().to_string();
+    let source = std::fs::read_to_string(path).map_err(|e| ConfigError::Invalid {
+        file: file.clone(),
+        msg: format!("cannot read experiment file: {e}"),
+    })?;
+    Ok((file, source))
+}
+
 /// Evaluate an experiment file's source to its JSON map.
 fn source_to_json(file: &str, source: &str) -> Result<serde_json::Value, ConfigError> {
     let engine = crate::script::engine(&crate::guidance::script_handles());
@@ -147,11 +157,7 @@ fn expand_seeds(entries: &[serde_json::Value]) -> Result<Vec<serde_json::Value>,
 impl ExperimentFile {
     /// Evaluate an experiment file: one experiment, or a comparison.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let file = path.display().to_string();
-        let source = std::fs::read_to_string(path).map_err(|e| ConfigError::Invalid {
-            file: file.clone(),
-            msg: format!("cannot read experiment file: {e}"),
-        })?;
+        let (file, source) = read_source(path)?;
         Self::from_source(&file, &source)
     }
 
@@ -232,11 +238,7 @@ impl Experiment {
     /// Evaluate an experiment file. Relative paths inside it stay relative
     /// to the working directory (experiments are run from the repo root).
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let file = path.display().to_string();
-        let source = std::fs::read_to_string(path).map_err(|e| ConfigError::Invalid {
-            file: file.clone(),
-            msg: format!("cannot read experiment file: {e}"),
-        })?;
+        let (file, source) = read_source(path)?;
         Self::from_source(&file, &source)
     }
 

@@ -429,9 +429,7 @@ let steps = 3;
     #[test]
     fn wrong_type_is_positioned() {
         let src = GOOD.replace("seed: 1", "seed: \"one\"");
-        let msg = Experiment::from_source("x.rhai", &src)
-            .unwrap_err()
-            .to_string();
+        let msg = refused(&src);
         assert!(msg.starts_with("x.rhai:5:5:"), "{msg}");
         assert!(msg.contains("`seed`"), "{msg}");
     }
@@ -439,9 +437,7 @@ let steps = 3;
     #[test]
     fn missing_key_and_syntax_error() {
         let src = GOOD.replace("steps: steps,", "");
-        let msg = Experiment::from_source("x.rhai", &src)
-            .unwrap_err()
-            .to_string();
+        let msg = refused(&src);
         assert!(msg.contains("missing field `steps`"), "{msg}");
         let msg = Experiment::from_source("x.rhai", "#{ name: }")
             .unwrap_err()
@@ -452,9 +448,7 @@ let steps = 3;
     #[test]
     fn non_finite_numbers_and_missing_keys_are_positioned() {
         let src = GOOD.replace("lr: 0.001", "lr: 0.0 / 0.0");
-        let msg = Experiment::from_source("x.rhai", &src)
-            .unwrap_err()
-            .to_string();
+        let msg = refused(&src);
         assert_eq!(
             msg,
             format!(
@@ -463,15 +457,11 @@ let steps = 3;
             )
         );
         let src = GOOD.replace("seed: 1", "seed: 1, x: [1.0 / 0.0]");
-        let msg = Experiment::from_source("x.rhai", &src)
-            .unwrap_err()
-            .to_string();
+        let msg = refused(&src);
         assert!(msg.contains("`x.0` is inf"), "{msg}");
         // A missing top-level key points at the map, not at 0:0.
         let src = GOOD.replace("steps: steps,", "");
-        let msg = Experiment::from_source("x.rhai", &src)
-            .unwrap_err()
-            .to_string();
+        let msg = refused(&src);
         assert!(msg.starts_with(&at(&src, "#{")), "{msg}");
         assert!(msg.contains("missing field `steps`"), "{msg}");
     }
@@ -493,9 +483,7 @@ let steps = 3;
         assert_eq!(http.id_field, IdField::EnvIdx);
         assert_eq!(http.id_field.as_str(), "env_idx");
         let src = with("idx");
-        let msg = Experiment::from_source("x.rhai", &src)
-            .unwrap_err()
-            .to_string();
+        let msg = refused(&src);
         assert_eq!(
             msg,
             format!(
@@ -509,9 +497,7 @@ let steps = 3;
     fn run_names_stay_inside_the_runs_folder() {
         for bad in ["", ".", "..", "../../../tmp/x", "a/b", "a\\\\b"] {
             let src = GOOD.replace("name: \"t\"", &format!("name: \"{bad}\""));
-            let msg = Experiment::from_source("x.rhai", &src)
-                .unwrap_err()
-                .to_string();
+            let msg = refused(&src);
             assert!(
                 msg.contains("name must be a plain directory name"),
                 "{bad}: {msg}"
@@ -539,9 +525,7 @@ let steps = 3;
             "steps: steps,",
             "steps: steps, rollout: #{ format: \"jinja\" },",
         );
-        let msg = Experiment::from_source("x.rhai", &src)
-            .unwrap_err()
-            .to_string();
+        let msg = refused(&src);
         assert!(msg.contains("rollout.format must be"), "{msg}");
         assert!(msg.contains("\"jinja\""), "{msg}");
     }
@@ -554,74 +538,64 @@ let steps = 3;
         format!("x.rhai:{line}:{col}: ")
     }
 
+    /// The message `Experiment::from_source` refuses `src` with.
+    fn refused(src: &str) -> String {
+        Experiment::from_source("x.rhai", src)
+            .unwrap_err()
+            .to_string()
+    }
+
     #[test]
     fn unknown_setting_values_are_positioned_and_name_the_allowed_ones() {
-        let src = GOOD.replace(
-            "steps: steps,",
-            "steps: steps, rollout: #{ format: \"jinja\" },",
-        );
-        let msg = Experiment::from_source("x.rhai", &src)
-            .unwrap_err()
-            .to_string();
-        assert_eq!(
-            msg,
-            format!(
-                "{}rollout.format must be \"plain\", \"chat\", \"chatml\" or \"llama3\", got \"jinja\"",
-                at(&src, "format:")
-            )
-        );
-        let src = GOOD.replace("path: \"models/tiny\"", "path: \"m\", device: \"gpu\"");
-        let msg = Experiment::from_source("x.rhai", &src)
-            .unwrap_err()
-            .to_string();
-        assert_eq!(
-            msg,
-            format!(
-                "{}model.device must be \"cpu\", \"cuda\" or \"cuda:N\", got \"gpu\"",
-                at(&src, "device:")
-            )
-        );
+        // (what the good file says, what the bad one says instead, the key
+        // the error points at, the message after the position)
+        let mut cases: Vec<(&str, String, &str, String)> = vec![
+            (
+                "steps: steps,",
+                "steps: steps, rollout: #{ format: \"jinja\" },".into(),
+                "format:",
+                "rollout.format must be \"plain\", \"chat\", \"chatml\" or \"llama3\", got \"jinja\"".into(),
+            ),
+            (
+                "path: \"models/tiny\"",
+                "path: \"m\", device: \"gpu\"".into(),
+                "device:",
+                "model.device must be \"cpu\", \"cuda\" or \"cuda:N\", got \"gpu\"".into(),
+            ),
+        ];
         for bad in [
             r#"["test", "bogus"]"#,
             r#"["test", "test"]"#,
             r#"["test", "train", "test"]"#,
             "[]",
         ] {
-            let src = GOOD.replace("every: 5", &format!("every: 5, panels: {bad}"));
-            let msg = Experiment::from_source("x.rhai", &src)
-                .unwrap_err()
-                .to_string();
             let got: Vec<String> = serde_json::from_str(bad).unwrap();
-            assert_eq!(
-                msg,
+            cases.push((
+                "every: 5",
+                format!("every: 5, panels: {bad}"),
+                "panels:",
                 format!(
-                    "{}evaluation.panels must list \"test\" and/or \"train\" once each, got {got:?}",
-                    at(&src, "panels:")
-                )
-            );
+                    "evaluation.panels must list \"test\" and/or \"train\" once each, got {got:?}"
+                ),
+            ));
         }
-        let src = GOOD.replace("lr: 0.001", "lr: 0.001, schedule: \"linear\"");
-        let msg = Experiment::from_source("x.rhai", &src)
-            .unwrap_err()
-            .to_string();
-        assert_eq!(
-            msg,
-            format!(
-                "{}`trainer.schedule`: unknown variant `linear`, expected `cosine` or `constant`",
-                at(&src, "schedule:")
-            )
-        );
-        let src = GOOD.replace("lr: 0.001", "lr: 0.001, plan_loss: \"default\"");
-        let msg = Experiment::from_source("x.rhai", &src)
-            .unwrap_err()
-            .to_string();
-        assert_eq!(
-            msg,
-            format!(
-                "{}trainer.plan_loss must be \"internalize\", \"on_policy\" or \"dual\", got \"default\"",
-                at(&src, "plan_loss:")
-            )
-        );
+        cases.push((
+            "lr: 0.001",
+            "lr: 0.001, schedule: \"linear\"".into(),
+            "schedule:",
+            "`trainer.schedule`: unknown variant `linear`, expected `cosine` or `constant`".into(),
+        ));
+        cases.push((
+            "lr: 0.001",
+            "lr: 0.001, plan_loss: \"default\"".into(),
+            "plan_loss:",
+            "trainer.plan_loss must be \"internalize\", \"on_policy\" or \"dual\", got \"default\""
+                .into(),
+        ));
+        for (good, bad, key, msg) in cases {
+            let src = GOOD.replace(good, &bad);
+            assert_eq!(refused(&src), format!("{}{msg}", at(&src, key)));
+        }
         for (set, key, msg) in [
             (
                 "gigpo_gamma: 1.5",
@@ -653,16 +627,11 @@ let steps = 3;
                 "lr: 0.001",
                 &format!("lr: 0.001, advantage: \"gigpo\", {set}"),
             );
-            let got = Experiment::from_source("x.rhai", &src)
-                .unwrap_err()
-                .to_string();
-            assert_eq!(got, format!("{}{msg}", at(&src, key)));
+            assert_eq!(refused(&src), format!("{}{msg}", at(&src, key)));
         }
         // A wrong type keeps serde's wording.
         let src = GOOD.replace("every: 5", "every: 5, panels: \"test\"");
-        let msg = Experiment::from_source("x.rhai", &src)
-            .unwrap_err()
-            .to_string();
+        let msg = refused(&src);
         assert!(msg.starts_with(&at(&src, "panels:")), "{msg}");
         assert!(msg.contains("`evaluation.panels`: invalid type"), "{msg}");
     }
