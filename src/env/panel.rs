@@ -55,6 +55,18 @@ pub const MAX_LINE_BYTES: u64 = 1 << 20;
 /// The largest panel file.
 pub const MAX_PANEL_BYTES: u64 = 256 << 20;
 
+/// Seed of every built-in env's committed panels
+/// `envs/<env>/{train,test}.jsonl`.
+pub const DEFAULT_SEED: u64 = 2026;
+/// Size of a committed train panel.
+pub const DEFAULT_TRAIN: usize = 256;
+/// Size of a committed test panel.
+pub const DEFAULT_TEST: usize = 64;
+/// The split a generator's seed streams are drawn for (train and test
+/// never share a stream).
+pub(crate) const SPLIT_TRAIN: u8 = 0;
+pub(crate) const SPLIT_TEST: u8 = 1;
+
 /// Read a panel. Blank lines are skipped; line numbers in errors are
 /// 1-based; a panel without tasks is an error.
 pub fn read_jsonl(path: &Path) -> Result<Vec<Task>, PanelError> {

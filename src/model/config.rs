@@ -636,10 +636,11 @@ impl Arch {
 }
 
 #[cfg(test)]
-mod tests {
+pub(in crate::model) mod tests {
     use super::*;
 
-    fn tiny() -> ModelConfig {
+    /// A 2-layer, 32-wide Llama config for tests (vocabulary 50).
+    pub(in crate::model) fn tiny() -> ModelConfig {
         ModelConfig {
             architectures: default_architectures(),
             model_type: default_model_type(),

@@ -58,6 +58,14 @@ fn household(limit: usize) -> Box<dyn Env> {
     )
 }
 
+/// One request per task, each with `spec`.
+fn requests(tasks: &[Task], spec: ResolvedSpec) -> Vec<EpisodeRequest<'_>> {
+    tasks
+        .iter()
+        .map(|t| EpisodeRequest { task: t, spec })
+        .collect()
+}
+
 #[test]
 fn chat_format_violations_are_invalid_with_the_penalty() {
     let (policy, tok, tasks) = chat_setup();
@@ -71,16 +79,13 @@ fn chat_format_violations_are_invalid_with_the_penalty() {
         format: PromptFormat::Chat(None),
         ..opts(3, None)
     };
-    let reqs: Vec<EpisodeRequest> = tasks
-        .iter()
-        .map(|t| EpisodeRequest {
-            task: t,
-            spec: ResolvedSpec {
-                plan: 2,
-                ..Default::default()
-            },
-        })
-        .collect();
+    let reqs = requests(
+        &tasks,
+        ResolvedSpec {
+            plan: 2,
+            ..Default::default()
+        },
+    );
     let mut rng = crate::seed::rng(7, &[2]);
     let (eps, _) = run(&policy, &tok, &household, &reqs, &o, &mut rng, None).unwrap();
     for ep in &eps {
@@ -130,16 +135,13 @@ fn chat_format_constrained_actions_are_executed() {
         format: PromptFormat::Chat(None),
         ..opts(3, None)
     };
-    let reqs: Vec<EpisodeRequest> = tasks
-        .iter()
-        .map(|t| EpisodeRequest {
-            task: t,
-            spec: ResolvedSpec {
-                prefix: 1,
-                ..Default::default()
-            },
-        })
-        .collect();
+    let reqs = requests(
+        &tasks,
+        ResolvedSpec {
+            prefix: 1,
+            ..Default::default()
+        },
+    );
     let mut rng = crate::seed::rng(7, &[3]);
     let (eps, _) = run(&policy, &tok, &household, &reqs, &o, &mut rng, None).unwrap();
     for (ep, task) in eps.iter().zip(&tasks) {

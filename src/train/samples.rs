@@ -156,19 +156,14 @@ pub fn build_samples(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rollout::Turn;
 
-    /// One episode's advantage.
-    fn adv(a: f64) -> Advantages {
-        vec![a].into()
-    }
-
-    #[test]
-    fn samples_skip_prefix_turns_unless_aux() {
-        use crate::guidance::ResolvedSpec;
-        use crate::rollout::{Episode, Turn};
-        let turn = |prefix: bool| Turn {
-            prompt_ids: vec![2, 5, 6],
-            unguided_prompt_ids: None,
+    /// A valid `look` turn (tokens 7 3) after `prompt_ids`: an executed
+    /// prefix turn (no log-probs) or a policy turn.
+    fn look(prompt_ids: Vec<u32>, unguided: Option<Vec<u32>>, prefix: bool) -> Turn {
+        Turn {
+            prompt_ids,
+            unguided_prompt_ids: unguided,
             action_ids: vec![7, 3],
             logprobs: if prefix { vec![] } else { vec![-1.0, -0.5] },
             prefix,
@@ -178,7 +173,19 @@ mod tests {
             unencodable: false,
             state: String::new(),
             reward: 0.0,
-        };
+        }
+    }
+
+    /// One episode's advantage.
+    fn adv(a: f64) -> Advantages {
+        vec![a].into()
+    }
+
+    #[test]
+    fn samples_skip_prefix_turns_unless_aux() {
+        use crate::guidance::ResolvedSpec;
+        use crate::rollout::Episode;
+        let turn = |prefix: bool| look(vec![2, 5, 6], None, prefix);
         let ep = Episode {
             task_id: "t".into(),
             spec: ResolvedSpec {
@@ -337,19 +344,8 @@ mod tests {
     fn per_turn_advantages_reach_policy_samples_only() {
         use crate::guidance::ResolvedSpec;
         use crate::rollout::Turn;
-        let turn = |prefix: bool, guided: bool| Turn {
-            prompt_ids: vec![2, 9, 5],
-            unguided_prompt_ids: guided.then(|| vec![2, 5]),
-            action_ids: vec![7, 3],
-            logprobs: if prefix { vec![] } else { vec![-1.0, -0.5] },
-            prefix,
-            off_policy: false,
-            valid: true,
-            action: "look".into(),
-            unencodable: false,
-            state: String::new(),
-            reward: 0.0,
-        };
+        let turn =
+            |prefix: bool, guided: bool| look(vec![2, 9, 5], guided.then(|| vec![2, 5]), prefix);
         let mut ep = guided_episode(PlanLoss::Dual);
         ep.spec = ResolvedSpec {
             prefix: 1,

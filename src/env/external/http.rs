@@ -464,15 +464,21 @@ mod tests {
         paths
     }
 
-    #[test]
-    fn a_step_whose_connection_was_refused_is_sent_again() {
+    /// A listener on a free port and an env (5 s timeout, 4 retries) on it.
+    fn listener_and_env() -> (TcpListener, std::net::SocketAddr, HttpEnv) {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
         let limits = Limits {
             timeout: Duration::from_secs(5),
             retries: 4,
         };
-        let mut env = HttpEnv::new(&format!("http://{addr}"), "id", limits, 1.0);
+        let env = HttpEnv::new(&format!("http://{addr}"), "id", limits, 1.0);
+        (l, addr, env)
+    }
+
+    #[test]
+    fn a_step_whose_connection_was_refused_is_sent_again() {
+        let (l, addr, mut env) = listener_and_env();
         let server = std::thread::spawn(move || {
             let first = serve(&l, 2);
             // The server goes away for a moment: the step's first
@@ -496,13 +502,7 @@ mod tests {
 
     #[test]
     fn a_step_that_reached_a_server_that_then_failed_is_not_sent_again() {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = l.local_addr().unwrap();
-        let limits = Limits {
-            timeout: Duration::from_secs(5),
-            retries: 4,
-        };
-        let mut env = HttpEnv::new(&format!("http://{addr}"), "id", limits, 1.0);
+        let (l, _, mut env) = listener_and_env();
         let server = std::thread::spawn(move || {
             serve(&l, 2);
             // The step arrives and the server drops it unanswered.

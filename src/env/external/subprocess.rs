@@ -181,6 +181,15 @@ impl SubprocessEnv {
 
     /// The env's expert actions for `task` (for panels without them).
     pub fn expert(&mut self, task: &Task) -> Result<Vec<String>, EnvError> {
+        let v = self.request_retried("expert", json!({ "op": "expert", "task": task }))?;
+        field(&self.name(), "expert", &v, "actions")?;
+        Ok(strings(v.get("actions")))
+    }
+
+    /// `request` with a fresh process and another try after a failure, up
+    /// to `limits.retries` times (while the step guard allows): for the
+    /// requests that are safe to repeat (reset, expert).
+    fn request_retried(&mut self, op: &str, body: Value) -> Result<Value, EnvError> {
         let mut last = None;
         for attempt in 0..=self.limits.retries {
             if attempt > 0 && self.retry_refused() {
@@ -192,16 +201,12 @@ impl SubprocessEnv {
                     continue;
                 }
             }
-            match self.request("expert", json!({ "op": "expert", "task": task })) {
-                Ok(v) => {
-                    let name = self.name();
-                    field(&name, "expert", &v, "actions")?;
-                    return Ok(strings(v.get("actions")));
-                }
+            match self.request(op, body.clone()) {
+                Ok(v) => return Ok(v),
                 Err(e) => last = Some(e),
             }
         }
-        Err(last.unwrap_or_else(|| err(&self.name(), "expert", "failed")))
+        Err(last.unwrap_or_else(|| err(&self.name(), op, "failed")))
     }
 }
 
@@ -242,44 +247,27 @@ fn truncate(s: &str) -> String {
 
 impl Env for SubprocessEnv {
     fn reset(&mut self, task: &Task) -> Result<Observation, EnvError> {
-        let mut last = None;
-        for attempt in 0..=self.limits.retries {
-            if attempt > 0 && self.retry_refused() {
-                break;
-            }
-            if self.proc.is_none() {
-                if let Err(e) = self.spawn() {
-                    last = Some(e);
-                    continue;
-                }
-            }
-            match self.request("reset", json!({ "op": "reset", "task": task })) {
-                Ok(v) => {
-                    let name = self.name();
-                    self.reset_reply = Some(v.clone());
-                    let text = field(&name, "reset", &v, "observation")?
-                        .as_str()
-                        .ok_or_else(|| err(&name, "reset", "`observation` is not a string"))?
-                        .to_string();
-                    self.status = v
-                        .get("status")
-                        .and_then(Value::as_str)
-                        .unwrap_or("")
-                        .to_string();
-                    return Ok(Observation {
-                        text,
-                        admissible: strings(v.get("available_actions")),
-                        done: v.get("done").and_then(Value::as_bool).unwrap_or(false),
-                        reward: 0.0,
-                        success: false,
-                        valid: true,
-                        info: Default::default(),
-                    });
-                }
-                Err(e) => last = Some(e),
-            }
-        }
-        Err(last.unwrap_or_else(|| err(&self.name(), "reset", "failed")))
+        let v = self.request_retried("reset", json!({ "op": "reset", "task": task }))?;
+        let name = self.name();
+        self.reset_reply = Some(v.clone());
+        let text = field(&name, "reset", &v, "observation")?
+            .as_str()
+            .ok_or_else(|| err(&name, "reset", "`observation` is not a string"))?
+            .to_string();
+        self.status = v
+            .get("status")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
+        Ok(Observation {
+            text,
+            admissible: strings(v.get("available_actions")),
+            done: v.get("done").and_then(Value::as_bool).unwrap_or(false),
+            reward: 0.0,
+            success: false,
+            valid: true,
+            info: Default::default(),
+        })
     }
 
     fn step(&mut self, action: &str) -> Result<Observation, EnvError> {

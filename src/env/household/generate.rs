@@ -17,22 +17,16 @@ use super::expert::expert_plan;
 use super::room::gen_world;
 use super::sim::{Sim, SimError};
 use super::world::World;
+use crate::env::panel::{SPLIT_TEST, SPLIT_TRAIN};
 use crate::env::{GenerateError, Task};
 
-/// Seed of the committed panels `envs/household/{train,test}.jsonl`.
-pub const DEFAULT_SEED: u64 = 2026;
-/// Size of the committed train panel.
-pub const DEFAULT_TRAIN: usize = 256;
-/// Size of the committed test panel.
-pub const DEFAULT_TEST: usize = 64;
+pub use crate::env::panel::{DEFAULT_SEED, DEFAULT_TEST, DEFAULT_TRAIN};
 
 /// Share of tasks that start part-way along the expert trajectory, 1–3 steps
 /// from the goal (with the few short tasks from the room's middle this gives
 /// about 40% of tasks of expert length ≤ 3).
 const P_IN_REGION: f64 = 0.4;
 
-const SPLIT_TRAIN: u8 = 0;
-const SPLIT_TEST: u8 = 1;
 /// Stream purposes, so the panel shuffle never reuses a task's stream.
 const TAG_TASK: u8 = 0;
 const TAG_SHUFFLE: u8 = 1;

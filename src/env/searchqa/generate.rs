@@ -16,21 +16,15 @@ use rand_chacha::ChaCha8Rng;
 
 use super::corpus::{corpus, question_text, Corpus, Relation, CORPUS_ID};
 use super::{World, TOP_K};
+use crate::env::panel::{SPLIT_TEST, SPLIT_TRAIN};
 use crate::env::{GenerateError, Task};
 
-/// Seed of the committed panels `envs/searchqa/{train,test}.jsonl`.
-pub const DEFAULT_SEED: u64 = 2026;
-/// Size of the committed train panel.
-pub const DEFAULT_TRAIN: usize = 256;
-/// Size of the committed test panel.
-pub const DEFAULT_TEST: usize = 64;
+pub use crate::env::panel::{DEFAULT_SEED, DEFAULT_TEST, DEFAULT_TRAIN};
 /// Questions have 1 to `MAX_HOPS` hops.
 pub const MAX_HOPS: usize = 4;
 /// One chain in `TEST_EVERY` of a shuffled pool goes to the test split.
 const TEST_EVERY: usize = 5;
 
-const SPLIT_TRAIN: u8 = 0;
-const SPLIT_TEST: u8 = 1;
 /// Stream purpose of the pool shuffles (kept apart from any future use).
 const TAG_POOL: u8 = 0;
 

@@ -26,17 +26,11 @@ use super::catalog::{catalog, product_type, subset, Product, CATALOG_ID, PAGE_SI
 use super::sim::{BUY, NEXT};
 use super::world::{Goal, World};
 use super::ShopEnv;
+use crate::env::panel::{SPLIT_TEST, SPLIT_TRAIN};
 use crate::env::{Env, EnvError, GenerateError, Task};
 
-/// Seed of the committed panels `envs/shop/{train,test}.jsonl`.
-pub const DEFAULT_SEED: u64 = 2026;
-/// Size of the committed train panel.
-pub const DEFAULT_TRAIN: usize = 256;
-/// Size of the committed test panel.
-pub const DEFAULT_TEST: usize = 64;
+pub use crate::env::panel::{DEFAULT_SEED, DEFAULT_TEST, DEFAULT_TRAIN};
 
-const SPLIT_TRAIN: u8 = 0;
-const SPLIT_TEST: u8 = 1;
 /// Stream purposes: the wanted difficulty, then the goal attempts.
 const TAG_WANT: u8 = 0;
 const TAG_GOAL: u8 = 1;

@@ -24,25 +24,11 @@ mod weights;
 
 fn tiny_cfg(tied: bool) -> ModelConfig {
     ModelConfig {
-        architectures: vec!["LlamaForCausalLM".into()],
-        model_type: "llama".into(),
-        vocab_size: 50,
-        hidden_size: 32,
-        intermediate_size: 64,
-        num_hidden_layers: 2,
-        num_attention_heads: 4,
-        num_key_value_heads: 2,
-        head_dim: None,
-        rope_theta: 10000.0,
-        rms_norm_eps: 1e-5,
-        max_position_embeddings: 512,
         tie_word_embeddings: tied,
-        bos_token_id: Some(1),
-        eos_token_id: Some(2),
-        pad_token_id: Some(0),
         // Larger than the HF default so distributions are peaked enough for
         // sampling tests to mean something.
         initializer_range: 0.3,
+        ..crate::model::config::tests::tiny()
     }
 }
 
