@@ -18,11 +18,11 @@
 //! - [`tiny`]: the built-in tiny policy and its word-level tokenizer;
 //! - [`script`]: the sandboxed Rhai engine, its helper API, the file watcher;
 //! - [`guidance`]: guidance specs, clusters, review rounds, the strategy
-//!   host (reload, probation), `actguide check` and `simulate`;
+//!   runtime (reload, probation), `actguide check` and `simulate`;
 //! - [`rollout`]: prompts (plain and chat), action projection, the episode
 //!   runner;
 //! - [`train`]: advantages, PPO/GRPO losses, AdamW, lr schedules;
-//! - [`engine`]: rollout generation on inference-engine servers
+//! - [`inference`]: rollout generation on inference-engine servers
 //!   (llama.cpp, vLLM, SGLang): requests, server pool, weight sync;
 //! - [`distributed`]: collective operations for data-parallel training;
 //! - [`rundir`]: the run directory's layout and files (metrics and eval
@@ -37,10 +37,10 @@
 pub mod children;
 pub mod dev;
 pub mod distributed;
-pub mod engine;
 pub mod env;
 pub mod experiment;
 pub mod guidance;
+pub mod inference;
 pub mod model;
 pub mod report;
 pub mod rollout;

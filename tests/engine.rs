@@ -16,8 +16,8 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use actguide::engine::{Api, Request};
 use actguide::experiment::{self, Event, Experiment, RunOptions};
+use actguide::inference::{Api, Request};
 use serde_json::Value;
 
 use common::children_of;

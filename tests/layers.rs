@@ -17,7 +17,7 @@ const LAYERS: &[(&str, usize)] = &[
     ("script", 1),
     ("distributed", 1),
     ("guidance", 2),
-    ("engine", 2),
+    ("inference", 2),
     ("rollout", 3),
     ("train", 4),
     ("rundir", 5),

@@ -8,9 +8,9 @@ use clap::{Args, Subcommand};
 
 use actguide::dev::bench::BenchConfig;
 use actguide::dev::bench_model::ModelBenchConfig;
-use actguide::engine::reference::{ReferenceServer, ServerArgs};
 use actguide::env::BuiltinEnv;
 use actguide::experiment::PanelRef;
+use actguide::inference::reference::{ReferenceServer, ServerArgs};
 use actguide::model::{LoraConfig, Precision};
 
 use super::args::{DeviceArg, PANEL};

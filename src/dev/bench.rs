@@ -159,7 +159,7 @@ pub fn run(cfg: &BenchConfig) -> Result<BenchReport, RunError> {
     }
     let n = cfg.steps.max(1) as f64;
     // Script entry points on the same batch shape, against the synthetic
-    // learner (the host calls are what is timed, not the learner).
+    // learner (the runtime calls are what is timed, not the learner).
     let step_s = (rt + tt) / n;
     let script_steps = 30;
     let mut scripts = Vec::new();
@@ -171,8 +171,8 @@ pub fn run(cfg: &BenchConfig) -> Result<BenchReport, RunError> {
             seed: cfg.seed,
             ..Default::default()
         };
-        let mut host = crate::guidance::GuidanceHost::new(path, cfg.seed)?;
-        let r = crate::guidance::simulate::simulate(&mut host, &tasks, &p)?;
+        let mut runtime = crate::guidance::GuidanceRuntime::new(path, cfg.seed)?;
+        let r = crate::guidance::simulate::simulate(&mut runtime, &tasks, &p)?;
         let per = r.script_seconds / script_steps as f64;
         scripts.push(ScriptCost {
             script: path.display().to_string(),

@@ -7,10 +7,10 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::engine::{Engine, EngineSection};
 use crate::env::{make_env, panel, Env};
 use crate::experiment::{models, Experiment, RunError};
 use crate::guidance::ResolvedSpec;
+use crate::inference::{Engine, EngineSection};
 use crate::rollout::{self, EpisodeRequest};
 use crate::seed;
 
@@ -129,7 +129,7 @@ pub fn run(
     };
     let mut rows = vec![measure(&ropts, "builtin", 0, rayon::current_num_threads())?];
     if let Some(cfg) = &exp.rollout.engine {
-        let vocab = crate::engine::gguf_vocab(&src.path)?;
+        let vocab = crate::inference::gguf_vocab(&src.path)?;
         let counts: Vec<usize> = match &cfg.launch {
             Some(_) if !servers.is_empty() => servers.to_vec(),
             Some(l) => vec![l.count],

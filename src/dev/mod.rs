@@ -5,7 +5,7 @@
 //! throughput, built in vs on an engine) and the device check
 //! ([`device_check`]: a device computes and trains like the CPU). The
 //! reference engine server that `actguide dev engine-reference` starts is
-//! an engine and lives in [`crate::engine::reference`].
+//! an engine and lives in [`crate::inference::reference`].
 //!
 //! These sit above every layer (they drive `experiment`, `train` and the
 //! model directly); nothing in the library depends on them.

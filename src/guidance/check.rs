@@ -12,8 +12,8 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::env::Task;
 use crate::guidance::decode::type_error;
-use crate::guidance::host::GuidanceHost;
 use crate::guidance::rounds::{drive, DriveReport, Request};
+use crate::guidance::runtime::GuidanceRuntime;
 use crate::guidance::script_inputs::{EpisodeView, TaskResult, TaskView, TurnView};
 use crate::guidance::simulate::SimEpisode;
 use crate::script::{Script, ScriptError};
@@ -96,18 +96,18 @@ fn sample_tasks() -> Vec<Task> {
 /// Play a guidance script for [`STEPS`] steps: `init`, then per step
 /// `plan`, review rounds and `update`, tracing what each call returned.
 fn check_guidance(path: &Path, out: &mut Vec<String>) -> Result<(), ScriptError> {
-    let mut host = GuidanceHost::new(path, 0)?;
+    let mut runtime = GuidanceRuntime::new(path, 0)?;
     for (f, arity) in [("init", 1), ("plan", 2), ("review", 3), ("update", 2)] {
-        if !host.script().has_fn(f, arity) {
-            out.push(format!("{f}: not defined (the host's default applies)"));
+        if !runtime.script().has_fn(f, arity) {
+            out.push(format!("{f}: not defined (the runtime's default applies)"));
         }
     }
-    host.init()?;
+    runtime.init()?;
     let tasks = sample_tasks();
     for step in 0..STEPS {
-        check_step(&mut host, &tasks, step, out)?;
+        check_step(&mut runtime, &tasks, step, out)?;
     }
-    for l in host.take_effects().logs {
+    for l in runtime.take_effects().logs {
         out.push(format!("log: {l}"));
     }
     Ok(())
@@ -115,7 +115,7 @@ fn check_guidance(path: &Path, out: &mut Vec<String>) -> Result<(), ScriptError>
 
 /// One synthetic step of a guidance script.
 fn check_step(
-    host: &mut GuidanceHost,
+    runtime: &mut GuidanceRuntime,
     tasks: &[Task],
     step: usize,
     out: &mut Vec<String>,
@@ -123,16 +123,16 @@ fn check_step(
     let views: Vec<TaskView> = tasks
         .iter()
         .enumerate()
-        .map(|(i, t)| TaskView::new(t, i, &host.history(&t.id), step, 10, 4))
+        .map(|(i, t)| TaskView::new(t, i, &runtime.history(&t.id), step, 10, 4))
         .collect();
     let mut rng = ChaCha8Rng::seed_from_u64(step as u64);
     let mut lines = Vec::new();
     let mut exec =
-        |_: &mut GuidanceHost, reqs: &[Request]| -> Result<Vec<SimEpisode>, ScriptError> {
+        |_: &mut GuidanceRuntime, reqs: &[Request]| -> Result<Vec<SimEpisode>, ScriptError> {
             Ok(play(reqs, step, &mut rng, &mut lines))
         };
     let mut report = DriveReport::default();
-    let groups = drive(host, step, &views, 4, &mut exec, &mut report)?;
+    let groups = drive(runtime, step, &views, 4, &mut exec, &mut report)?;
     if let Some(e) = report.errors.into_iter().next() {
         return Err(e);
     }
@@ -156,11 +156,14 @@ fn check_step(
             r.id, r.rollouts, r.rounds, r.success_rate
         ));
     }
-    if let Some(e) = host.update(step, &results, &BTreeMap::new()) {
+    if let Some(e) = runtime.update(step, &results, &BTreeMap::new()) {
         return Err(e);
     }
-    host.end_step();
-    out.push(format!("step {step} update -> state {}", host.state_json()));
+    runtime.end_step();
+    out.push(format!(
+        "step {step} update -> state {}",
+        runtime.state_json()
+    ));
     Ok(())
 }
 
@@ -201,26 +204,26 @@ fn play(
 /// Call a reward and/or intervention script on synthetic episodes and
 /// turns.
 fn check_hooks(path: &Path, kinds: &Kinds, out: &mut Vec<String>) -> Result<(), ScriptError> {
-    let mut host = GuidanceHost::new(path, 0)?;
+    let mut runtime = GuidanceRuntime::new(path, 0)?;
     if kinds.reward {
-        host.set_reward_script(path)?;
+        runtime.set_reward_script(path)?;
     }
     if kinds.intervene {
-        host.set_intervene_script(path)?;
+        runtime.set_intervene_script(path)?;
     }
-    host.init()?;
+    runtime.init()?;
     if kinds.reward {
-        check_reward(&mut host, out)?;
+        check_reward(&mut runtime, out)?;
     }
     if kinds.intervene {
-        check_intervene(&mut host, out)?;
+        check_intervene(&mut runtime, out)?;
     }
     Ok(())
 }
 
 /// `reward` on a success, a failure with invalid actions, and a late
 /// success.
-fn check_reward(host: &mut GuidanceHost, out: &mut Vec<String>) -> Result<(), ScriptError> {
+fn check_reward(runtime: &mut GuidanceRuntime, out: &mut Vec<String>) -> Result<(), ScriptError> {
     for (i, (success, invalid, turns)) in [(true, 0, 4), (false, 3, 8), (true, 2, 9)]
         .into_iter()
         .enumerate()
@@ -239,7 +242,7 @@ fn check_reward(host: &mut GuidanceHost, out: &mut Vec<String>) -> Result<(), Sc
             actions: vec!["go to desk 1".into(); turns as usize],
             error: false,
         };
-        let (r, e) = host.reward(0, i, &ep);
+        let (r, e) = runtime.reward(0, i, &ep);
         if let Some(e) = e {
             return Err(e);
         }
@@ -252,7 +255,10 @@ fn check_reward(host: &mut GuidanceHost, out: &mut Vec<String>) -> Result<(), Sc
 }
 
 /// `intervene` at growing streaks of invalid actions.
-fn check_intervene(host: &mut GuidanceHost, out: &mut Vec<String>) -> Result<(), ScriptError> {
+fn check_intervene(
+    runtime: &mut GuidanceRuntime,
+    out: &mut Vec<String>,
+) -> Result<(), ScriptError> {
     for streak in [0i64, 1, 2, 3, 5] {
         let t = TurnView {
             task_id: "task-0".into(),
@@ -266,7 +272,7 @@ fn check_intervene(host: &mut GuidanceHost, out: &mut Vec<String>) -> Result<(),
             prefix: 0,
             plan_k: 0,
         };
-        let (r, e) = host.intervene(0, &t);
+        let (r, e) = runtime.intervene(0, &t);
         if let Some(e) = e {
             return Err(e);
         }
@@ -286,7 +292,7 @@ mod tests {
         f.write_all(b"fn plan(task, state) {\n  if task.step == 1 { 1 / 0 } else { none() }\n}")
             .unwrap();
         // It compiles; the error comes at run time, in step 1.
-        GuidanceHost::new(f.path(), 7).unwrap();
+        GuidanceRuntime::new(f.path(), 7).unwrap();
         let e = check_script(f.path()).unwrap_err();
         assert_eq!(e.line, 2, "{e}");
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/guidance/gaussian.rhai");

@@ -7,7 +7,7 @@
 use rhai::{Array, Dynamic, Map};
 
 use crate::guidance::decode::{Review, RoundUse};
-use crate::guidance::host::GuidanceHost;
+use crate::guidance::runtime::GuidanceRuntime;
 use crate::guidance::script_inputs::TaskView;
 use crate::guidance::spec::GuidanceSpec;
 use crate::script::ScriptError;
@@ -62,9 +62,9 @@ impl<E> TaskRounds<E> {
     }
 }
 
-/// Runs one batch of requests (with the host, for reward and intervention
+/// Runs one batch of requests (with the runtime, for reward and intervention
 /// scripts) and returns one outcome per request, in order.
-pub type Exec<'a, E, X> = dyn FnMut(&mut GuidanceHost, &[Request]) -> Result<Vec<E>, X> + 'a;
+pub type Exec<'a, E, X> = dyn FnMut(&mut GuidanceRuntime, &[Request]) -> Result<Vec<E>, X> + 'a;
 
 /// Errors and counters of one drive.
 #[derive(Debug, Default)]
@@ -75,10 +75,10 @@ pub struct DriveReport {
 
 /// Run `plan`, then rounds until every task's review accepts (or the bound
 /// of `max_rounds` extra rounds per task is reached). `exec` runs one batch
-/// of requests (with the host, for reward and intervention scripts) and
+/// of requests (with the runtime, for reward and intervention scripts) and
 /// returns one outcome per request, in order.
 pub fn drive<E: Outcome + Clone, X>(
-    host: &mut GuidanceHost,
+    runtime: &mut GuidanceRuntime,
     step: usize,
     views: &[TaskView],
     max_rounds: usize,
@@ -97,11 +97,11 @@ pub fn drive<E: Outcome + Clone, X>(
     // (specs, use, keep) per task for the next round.
     let mut pending: Vec<Option<(Vec<GuidanceSpec>, RoundUse, bool)>> = Vec::new();
     for v in views {
-        let (specs, err) = host.plan(step, v);
+        let (specs, err) = runtime.plan(step, v);
         report.errors.extend(err);
         pending.push(Some((specs, RoundUse::Replace, false)));
     }
-    let review = host.has_review();
+    let review = runtime.has_review();
     // Probes kept for training, per task.
     let mut kept: Vec<Vec<usize>> = vec![Vec::new(); views.len()];
     loop {
@@ -114,7 +114,7 @@ pub fn drive<E: Outcome + Clone, X>(
         if reqs.is_empty() {
             break;
         }
-        let outs = exec(host, &reqs)?;
+        let outs = exec(runtime, &reqs)?;
         let mut outs = outs.into_iter();
         let mut ran = Vec::new();
         for (t, p) in pending.iter_mut().enumerate() {
@@ -149,7 +149,7 @@ pub fn drive<E: Outcome + Clone, X>(
         }
         for t in ran {
             let view = group_view(&tasks[t]);
-            let (r, err) = host.review(step, tasks[t].rounds - 1, &views[t], &view);
+            let (r, err) = runtime.review(step, tasks[t].rounds - 1, &views[t], &view);
             report.errors.extend(err);
             match r {
                 Review::Accept => {}
@@ -160,7 +160,7 @@ pub fn drive<E: Outcome + Clone, X>(
                         .collect();
                     if sel.is_empty() {
                         report.errors.push(ScriptError {
-                            file: host.script().file(),
+                            file: runtime.script().file(),
                             line: 0,
                             col: 0,
                             msg: format!(
@@ -267,10 +267,10 @@ pub fn group_view<E: Outcome>(tr: &TaskRounds<E>) -> Dynamic {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::guidance::host::tests::{host_seeded, view_in};
+    use crate::guidance::runtime::tests::{host_seeded, view_in};
     use crate::guidance::simulate::SimEpisode;
 
-    fn host(src: &str) -> (GuidanceHost, tempfile::NamedTempFile) {
+    fn runtime(src: &str) -> (GuidanceRuntime, tempfile::NamedTempFile) {
         host_seeded(src, 1)
     }
 
@@ -281,12 +281,12 @@ mod tests {
     /// Succeeds iff the executed prefix is at least 3 (or the spec is
     /// expert()); records every batch it was asked to run.
     fn run(
-        h: &mut GuidanceHost,
+        h: &mut GuidanceRuntime,
         views: &[TaskView],
         max_rounds: usize,
     ) -> (Vec<TaskRounds<SimEpisode>>, Vec<usize>, DriveReport) {
         let mut batches = Vec::new();
-        let mut exec = |_: &mut GuidanceHost, reqs: &[Request]| -> Result<Vec<SimEpisode>, ()> {
+        let mut exec = |_: &mut GuidanceRuntime, reqs: &[Request]| -> Result<Vec<SimEpisode>, ()> {
             batches.push(reqs.len());
             Ok(reqs
                 .iter()
@@ -307,7 +307,7 @@ mod tests {
     #[test]
     fn probes_are_seen_replace_swaps_the_group_and_rounds_are_batched() {
         // Hard task: probe prefix(3) with 2 rollouts, then replace with 4.
-        let (mut h, _f) = host(
+        let (mut h, _f) = runtime(
             r#"
             fn plan(task, state) { none() }
             fn review(task, group, state) {
@@ -336,7 +336,7 @@ mod tests {
 
     #[test]
     fn append_keep_and_select() {
-        let (mut h, _f) = host(
+        let (mut h, _f) = runtime(
             r#"
             fn plan(task, state) { [none(), none()] }
             fn review(task, group, state) {
@@ -354,7 +354,7 @@ mod tests {
         // Round 0 (2) + appended round 1 (2) + kept probe (1).
         assert_eq!(t.training().count(), 5);
         assert_eq!(t.probes(), 1);
-        let (mut h, _f) = host(
+        let (mut h, _f) = runtime(
             r#"
             fn plan(task, state) { prefix(4) }
             fn review(task, group, state) {
@@ -371,7 +371,7 @@ mod tests {
 
     #[test]
     fn rounds_are_bounded_and_bad_requests_are_errors() {
-        let (mut h, _f) = host(
+        let (mut h, _f) = runtime(
             "fn review(task, group, state) { #{ guidance: none(), rollouts: 1, mode: \"probe\" } }",
         );
         let (g, _, report) = run(&mut h, &[view("a")], 3);
@@ -379,7 +379,7 @@ mod tests {
         assert!(g[0].bounded);
         assert_eq!(report.bound_hits, 1);
         let (mut h, _f) =
-            host("fn review(task, group, state) { #{ guidance: none(), mode: \"twice\" } }");
+            runtime("fn review(task, group, state) { #{ guidance: none(), mode: \"twice\" } }");
         let (g, _, report) = run(&mut h, &[view("a")], 3);
         assert_eq!(g[0].rounds, 1);
         assert!(

@@ -1,7 +1,7 @@
 //! The records scripts see: a task in `plan` and `review` ([`TaskView`]),
 //! its results in `update` ([`TaskResult`]), an episode in `reward`
 //! ([`EpisodeView`]) and a turn in `intervene` ([`TurnView`]), plus the
-//! per-task history the host keeps across steps ([`TaskHistory`]).
+//! per-task history the runtime keeps across steps ([`TaskHistory`]).
 //!
 //! Every view is built here by one constructor, so a training run,
 //! `simulate` and `actguide check` show scripts the same fields computed
@@ -41,7 +41,7 @@ pub struct TaskView {
 }
 
 impl TaskView {
-    /// The view of `task` (in length cluster `cluster`, with the host's
+    /// The view of `task` (in length cluster `cluster`, with the runtime's
     /// `history` of it) at `step` of a run of `total_steps` steps whose
     /// groups have `group_size` rollouts.
     pub fn new(
@@ -139,7 +139,7 @@ pub(crate) fn mean(v: &[f64]) -> f64 {
     }
 }
 
-/// Per-task history kept by the host across steps (and checkpoints).
+/// Per-task history kept by the runtime across steps (and checkpoints).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct TaskHistory {
     pub visits: i64,

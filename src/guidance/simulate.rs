@@ -21,8 +21,8 @@ use serde::Serialize;
 
 use crate::env::Task;
 use crate::guidance::clusters::Clusters;
-use crate::guidance::host::GuidanceHost;
 use crate::guidance::rounds::{drive, DriveReport, Outcome, Request, TaskRounds};
+use crate::guidance::runtime::GuidanceRuntime;
 use crate::guidance::script_inputs::{mean, TaskResult, TaskView};
 use crate::guidance::spec::ResolvedSpec;
 use crate::script::{Effects, ScriptError};
@@ -167,15 +167,15 @@ fn round4(x: f64) -> f64 {
     (x * 1e4).round() / 1e4
 }
 
-/// Play `host`'s script over `panel` for `p.steps` steps.
+/// Play `runtime`'s script over `panel` for `p.steps` steps.
 pub fn simulate(
-    host: &mut GuidanceHost,
+    runtime: &mut GuidanceRuntime,
     panel: &[Task],
     p: &SimParams,
 ) -> Result<SimReport, ScriptError> {
     let lens: Vec<usize> = panel.iter().map(|t| t.expert.len()).collect();
     let clusters = Clusters::from_lengths(&lens, p.clusters);
-    host.init()?;
+    runtime.init()?;
     let mut skill = p.horizon;
     let mut rows = Vec::new();
     let mut script_seconds = 0.0f64;
@@ -189,26 +189,26 @@ pub fn simulate(
                 TaskView::new(
                     t,
                     cluster,
-                    &host.history(&t.id),
+                    &runtime.history(&t.id),
                     step,
                     p.steps,
                     p.group_size,
                 )
             })
             .collect();
-        let played = play_rounds(host, step, &views, &idx, &lens, skill, p)?;
-        // Host calls (plan, review) and the driver's bookkeeping.
+        let played = play_rounds(runtime, step, &views, &idx, &lens, skill, p)?;
+        // Runtime calls (plan, review) and the driver's bookkeeping.
         script_seconds += played.script_s;
         let (groups, mut report) = (played.groups, played.report);
         let batch = StepBatch::collect(&views, &groups, skill, p);
         let mut extra = BTreeMap::new();
         extra.insert("skill".to_string(), skill);
         let t_upd = std::time::Instant::now();
-        let err = host.update(step, &batch.results, &extra);
+        let err = runtime.update(step, &batch.results, &extra);
         script_seconds += t_upd.elapsed().as_secs_f64();
         report.errors.extend(err);
-        host.end_step();
-        let effects = host.take_effects();
+        runtime.end_step();
+        let effects = runtime.take_effects();
         let signal = batch.signal;
         rows.push(batch.row(
             step,
@@ -221,7 +221,7 @@ pub fn simulate(
         skill += p.learn_rate * signal / views.len().max(1) as f64 + p.drift;
     }
     Ok(SimReport {
-        script: host.script().file(),
+        script: runtime.script().file(),
         params: p.clone(),
         mean_rollouts_per_step: round4(mean(
             &rows.iter().map(|r| r.rollouts as f64).collect::<Vec<_>>(),
@@ -253,7 +253,7 @@ struct Played {
 /// Drive `plan` and the review rounds of one step, the learner (at
 /// horizon `skill`) executing every batch of requests.
 fn play_rounds(
-    host: &mut GuidanceHost,
+    runtime: &mut GuidanceRuntime,
     step: usize,
     views: &[TaskView],
     idx: &[usize],
@@ -265,7 +265,7 @@ fn play_rounds(
     let mut exec_s = 0.0f64;
     let t_drive = std::time::Instant::now();
     let mut exec =
-        |_: &mut GuidanceHost, reqs: &[Request]| -> Result<Vec<SimEpisode>, ScriptError> {
+        |_: &mut GuidanceRuntime, reqs: &[Request]| -> Result<Vec<SimEpisode>, ScriptError> {
             let t0 = std::time::Instant::now();
             let out = reqs
                 .iter()
@@ -280,7 +280,7 @@ fn play_rounds(
             Ok(out)
         };
     let mut report = DriveReport::default();
-    let groups = drive(host, step, views, p.max_rounds, &mut exec, &mut report)?;
+    let groups = drive(runtime, step, views, p.max_rounds, &mut exec, &mut report)?;
     // The learner's own time is taken out.
     let script_s = t_drive.elapsed().as_secs_f64() - exec_s;
     Ok(Played {
@@ -516,8 +516,8 @@ pub fn simulate_file(
 ) -> Result<SimReport, SimError> {
     p.check()?;
     let tasks = crate::env::panel::read_jsonl(panel)?;
-    let mut host = GuidanceHost::new(script, p.seed)?;
-    Ok(simulate(&mut host, &tasks, p)?)
+    let mut runtime = GuidanceRuntime::new(script, p.seed)?;
+    Ok(simulate(&mut runtime, &tasks, p)?)
 }
 
 #[cfg(test)]

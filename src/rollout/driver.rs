@@ -6,10 +6,10 @@ use std::time::Instant;
 use rand_chacha::ChaCha8Rng;
 
 use crate::env::Env;
-use crate::guidance::host::{Intervention, TurnView};
+use crate::guidance::runtime::{Intervention, TurnView};
 use rand::Rng;
 
-use crate::engine::Request;
+use crate::inference::Request;
 use crate::model::{GenerateOptions, Generated, ModelError, Policy, Tok, TokenTrie};
 
 use super::encode::Fmt;
@@ -154,7 +154,7 @@ fn intervene_all(
 /// (its prompt, its admissible answers when constrained, a seed from
 /// `rng`); a failed request is that episode's failure.
 fn engine_generate(
-    e: &crate::engine::Engine,
+    e: &crate::inference::Engine,
     batch: &TurnBatch,
     o: &GenerateOptions,
     rng: &mut ChaCha8Rng,

@@ -59,7 +59,7 @@ pub struct RolloutOptions {
     /// (`rollout.engine`); the policy still encodes prompts and reads
     /// answers. A request the engine fails ends its episode (recorded as
     /// an engine failure).
-    pub engine: Option<std::sync::Arc<crate::engine::Engine>>,
+    pub engine: Option<std::sync::Arc<crate::inference::Engine>>,
 }
 
 impl RolloutOptions {
@@ -95,7 +95,7 @@ pub enum RolloutError {
     NoEos,
     /// Every engine server is down.
     #[error(transparent)]
-    Engine(#[from] Box<crate::engine::EngineError>),
+    Engine(#[from] Box<crate::inference::EngineError>),
 }
 
 #[cfg(test)]

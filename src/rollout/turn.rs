@@ -2,7 +2,7 @@
 //! sees, the prompts the turn is generated and trained under, and applying
 //! the generated answer (decode, env step, record).
 
-use crate::guidance::host::{Intervention, TurnView};
+use crate::guidance::runtime::{Intervention, TurnView};
 use crate::model::{Generated, ModelError, Tok, TokenTrie};
 
 use super::encode::Fmt;

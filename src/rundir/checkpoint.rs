@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use candle_core::{Device, Tensor};
 use serde::{Deserialize, Serialize};
 
-use crate::guidance::host::HostSnapshot;
+use crate::guidance::runtime::RuntimeSnapshot;
 use crate::model::hf::WEIGHTS_FILE;
 use crate::model::lora::{LoraConfig, ADAPTER_CONFIG, ADAPTER_WEIGHTS};
 use crate::model::{ModelError, ModelSource};
@@ -24,7 +24,9 @@ pub struct RunState {
     pub seed: u64,
     /// Optimiser update count (Adam bias correction).
     pub optimizer_t: u64,
-    pub host: HostSnapshot,
+    /// The guidance runtime's state (its key in `state.json` is `host`).
+    #[serde(rename = "host")]
+    pub runtime: RuntimeSnapshot,
     /// Hash of the guidance script active at this step, and its saved copy.
     pub script_hash: String,
     pub script_copy: String,

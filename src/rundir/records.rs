@@ -191,7 +191,7 @@ pub struct StepEngine {
     /// Servers holding the new version after the sync.
     pub synced: usize,
     /// Per server: requests served and failed this step, down now.
-    pub servers: Vec<crate::engine::ServerCounts>,
+    pub servers: Vec<crate::inference::ServerCounts>,
 }
 
 /// The behaviour mismatch of a step's rollouts (an engine's, or bf16

@@ -1,4 +1,4 @@
-//! The Rhai script host: one sandboxed engine, the helpers scripts may call,
+//! The Rhai script runtime: one sandboxed engine, the helpers scripts may call,
 //! compiled scripts with their content hash, and positioned script errors.
 //!
 //! Scripts are compiled once; their top-level statements (constants, knobs,
@@ -88,7 +88,7 @@ fn strip_position(msg: &str) -> String {
     }
 }
 
-/// Host-side effects of helper calls: metrics and log lines, drained by the
+/// Runtime-side effects of helper calls: metrics and log lines, drained by the
 /// run loop after each script call.
 #[derive(Debug, Default, Clone)]
 pub struct Effects {
@@ -127,9 +127,9 @@ impl Effects {
     }
 }
 
-/// State shared between the engine's registered helpers and the host.
+/// State shared between the engine's registered helpers and the runtime.
 #[derive(Clone)]
-pub struct HostHandles {
+pub struct ScriptHandles {
     rng: Arc<Mutex<ChaCha8Rng>>,
     effects: Arc<Mutex<Effects>>,
     budget: Arc<Mutex<CallBudget>>,
@@ -137,7 +137,7 @@ pub struct HostHandles {
 }
 
 /// Registers a higher layer's types and functions on every engine built
-/// from a [`HostHandles`] (guidance adds its `Spec` constructors this way),
+/// from a [`ScriptHandles`] (guidance adds its `Spec` constructors this way),
 /// so this layer names nothing above it.
 pub type Registrar = fn(&mut Engine);
 
@@ -150,7 +150,7 @@ struct CallBudget {
     deadline: Option<std::time::Instant>,
 }
 
-impl HostHandles {
+impl ScriptHandles {
     /// Reseed the script RNG. The run loop reseeds from (seed, step, stream)
     /// before each call site, so script randomness does not depend on how
     /// many draws an earlier version of a script made (reload-proof).
@@ -168,11 +168,11 @@ impl HostHandles {
     }
 }
 
-impl HostHandles {
+impl ScriptHandles {
     /// Fresh handles: a script RNG (reseeded per call site) and an effects
     /// buffer.
     pub fn new() -> Self {
-        HostHandles {
+        ScriptHandles {
             rng: Arc::new(Mutex::new(ChaCha8Rng::seed_from_u64(0))),
             effects: Arc::new(Mutex::new(Effects::default())),
             budget: Arc::new(Mutex::new(CallBudget {
@@ -190,29 +190,29 @@ impl HostHandles {
     }
 }
 
-impl Default for HostHandles {
+impl Default for ScriptHandles {
     fn default() -> Self {
-        HostHandles::new()
+        ScriptHandles::new()
     }
 }
 
 /// Build a sandboxed engine with the actguide helper API registered and no
 /// imports (used by tests).
-pub fn new_engine() -> (Engine, HostHandles) {
-    let handles = HostHandles::new();
+pub fn new_engine() -> (Engine, ScriptHandles) {
+    let handles = ScriptHandles::new();
     (engine_with(&handles, None), handles)
 }
 
 /// A sandboxed engine with no imports over `handles` (their registrars
 /// included): experiment files are evaluated on one.
-pub fn engine(handles: &HostHandles) -> Engine {
+pub fn engine(handles: &ScriptHandles) -> Engine {
     engine_with(handles, None)
 }
 
 /// The sandboxed engine of one script version. `imports` is the resolver of
 /// `import "guidance/gaussian" as g;` statements (relative to the root
 /// scripts directory); without it scripts cannot read any file.
-fn engine_with(handles: &HostHandles, imports: Option<ImportResolver>) -> Engine {
+fn engine_with(handles: &ScriptHandles, imports: Option<ImportResolver>) -> Engine {
     let mut engine = Engine::new();
     engine
         .set_max_operations(MAX_OPERATIONS)
@@ -497,7 +497,7 @@ pub fn content_hash(source: &str) -> String {
 impl Script {
     /// Read and compile a script file. Imports resolve against the file's
     /// directory (`scripts/guidance.rhai` imports `"guidance/gaussian"`).
-    pub fn load(handles: &HostHandles, path: &Path) -> Result<Self, ScriptError> {
+    pub fn load(handles: &ScriptHandles, path: &Path) -> Result<Self, ScriptError> {
         let source = std::fs::read_to_string(path).map_err(|e| ScriptError {
             file: path.display().to_string(),
             line: 0,
@@ -510,7 +510,7 @@ impl Script {
     /// Compile source text; runs the top-level statements (constants,
     /// imports) once.
     pub fn compile(
-        handles: &HostHandles,
+        handles: &ScriptHandles,
         path: &Path,
         source: String,
     ) -> Result<Self, ScriptError> {
@@ -703,7 +703,7 @@ mod budget_tests {
             "fn slow(n) { let x = 0; while x < n { x += 1; } x }\nfn fast() { 1 }\n",
         )
         .unwrap();
-        let handles = HostHandles::new();
+        let handles = ScriptHandles::new();
         let script = Script::load(&handles, &path).unwrap();
         // Under the operation limit, over a 1 ms budget.
         handles.set_call_budget(std::time::Duration::from_millis(1));

@@ -319,7 +319,7 @@ fn step(envs: &mut Envs, id: u64, body: &Value) -> Result<Value, RequestError> {
 }
 
 /// (method, path, JSON body or null) of one HTTP/1.1 request (also read
-/// by the reference engine server, `crate::engine::reference`).
+/// by the reference engine server, `crate::inference::reference`).
 pub(crate) fn read_request(stream: &mut TcpStream) -> Option<(String, String, Value)> {
     let mut reader = BufReader::new(stream.try_clone().ok()?);
     let mut first = String::new();

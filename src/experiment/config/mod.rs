@@ -162,12 +162,12 @@ pub struct RolloutSection {
     /// end-of-turn token); "chatml" / "llama3" force a template.
     pub format: PromptFormat,
     /// Where the policy's turns are generated: `"builtin"` (this process,
-    /// the default) or an engine map (`crate::engine`, docs/ENGINES.md).
+    /// the default) or an engine map (`crate::inference`, docs/ENGINES.md).
     #[serde(
-        deserialize_with = "crate::engine::config::engine_field",
+        deserialize_with = "crate::inference::config::engine_field",
         skip_serializing_if = "Option::is_none"
     )]
-    pub engine: Option<crate::engine::EngineSection>,
+    pub engine: Option<crate::inference::EngineSection>,
 }
 
 impl Default for RolloutSection {

@@ -46,7 +46,7 @@ pub enum RunError {
     Collective(#[from] crate::distributed::CollectiveError),
     /// The engine servers could not start, take weights, or all died.
     #[error(transparent)]
-    Engine(#[from] Box<crate::engine::EngineError>),
+    Engine(#[from] Box<crate::inference::EngineError>),
     /// A subprocess env could not supply a panel's expert actions.
     #[error("{}: {source}", panel.display())]
     Experts {

@@ -31,8 +31,8 @@ use std::time::Instant;
 
 use crate::env::{make_env, Env, EnvSpec, Task};
 use crate::experiment::config::Experiment;
-use crate::guidance::host::Role;
-use crate::guidance::{Clusters, GuidanceHost};
+use crate::guidance::runtime::Role;
+use crate::guidance::{Clusters, GuidanceRuntime};
 use crate::model::{ModelSource, Policy, Tok};
 use crate::rollout::RolloutOptions;
 use crate::rundir::checkpoint::RunState;
@@ -172,7 +172,7 @@ struct Ctx {
     src: ModelSource,
     policy: Policy,
     trainer: Trainer,
-    host: GuidanceHost,
+    runtime: GuidanceRuntime,
     script_copy: String,
     /// Saved copies of the reward and intervention scripts, by role.
     copies: BTreeMap<String, String>,
@@ -355,12 +355,13 @@ fn probe_seq_len(
 /// the run starts from its initial policy (which they already serve).
 fn start_engine(
     ctx: &Ctx,
-    cfg: &crate::engine::EngineSection,
+    cfg: &crate::inference::EngineSection,
     start_step: usize,
-) -> Result<crate::engine::Engine, RunError> {
-    let vocab = crate::engine::gguf_vocab(&ctx.src.path)?;
-    let e = crate::engine::Engine::start(cfg, &ctx.dir.path().join("engine"), &ctx.policy, vocab)
-        .map_err(Box::new)?;
+) -> Result<crate::inference::Engine, RunError> {
+    let vocab = crate::inference::gguf_vocab(&ctx.src.path)?;
+    let e =
+        crate::inference::Engine::start(cfg, &ctx.dir.path().join("engine"), &ctx.policy, vocab)
+            .map_err(Box::new)?;
     if start_step > 0 && cfg.launch.is_none() {
         e.sync(&ctx.policy, start_step as u64).map_err(Box::new)?;
     }
@@ -595,8 +596,8 @@ fn save_checkpoint(ctx: &Ctx, kind: RunKind, step: usize) -> Result<PathBuf, Run
         step,
         seed: ctx.exp.seed,
         optimizer_t: ctx.trainer.optimizer().t,
-        host: ctx.host.snapshot(),
-        script_hash: ctx.host.hash().to_string(),
+        runtime: ctx.runtime.snapshot(),
+        script_hash: ctx.runtime.hash().to_string(),
         script_copy: ctx.script_copy.clone(),
         copies: ctx.copies.clone(),
         evals: ctx.evals.clone(),

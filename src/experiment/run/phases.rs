@@ -6,8 +6,8 @@
 use std::collections::BTreeMap;
 
 use crate::env::Task;
-use crate::guidance::host::ReloadOutcome;
 use crate::guidance::rounds::TaskRounds;
+use crate::guidance::runtime::ReloadOutcome;
 use crate::rollout::Episode;
 use crate::script::Effects;
 use crate::train::{Advantages, AnchorStats};

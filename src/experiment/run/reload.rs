@@ -4,7 +4,7 @@
 
 use super::{task_view, Ctx, Event, RunError};
 use crate::env::Task;
-use crate::guidance::host::{ReloadOutcome, Role};
+use crate::guidance::runtime::{ReloadOutcome, Role};
 use crate::rundir::ReloadLine;
 use crate::script::watch::FileWatcher;
 use crate::script::ScriptError;
@@ -52,13 +52,13 @@ fn hot_reload(
     on_event: &mut dyn FnMut(Event),
 ) -> Result<(), RunError> {
     let view = task_view(ctx, sample, step);
-    let outcomes = ctx.host.reload(&view);
+    let outcomes = ctx.runtime.reload(&view);
     for o in &outcomes {
         log_reload(ctx, step, o, on_event)?;
     }
     if outcomes.iter().any(|o| o.result.is_ok()) {
         // The set of imported files may have changed.
-        ctx.watcher = FileWatcher::new(&ctx.host.watched_files()).ok();
+        ctx.watcher = FileWatcher::new(&ctx.runtime.watched_files()).ok();
     }
     Ok(())
 }
@@ -72,13 +72,13 @@ pub(super) fn log_reload(
 ) -> Result<(), RunError> {
     let role = o.role.name();
     let active = ctx
-        .host
+        .runtime
         .script_of(o.role)
         .map(|s| s.hash.clone())
         .unwrap_or_default();
     let (line, result) = match (&o.result, &o.reverted) {
         (Ok(hash), None) => {
-            let copy = super::save_copy(&ctx.dir, o.role, ctx.host.script_of(o.role))?;
+            let copy = super::save_copy(&ctx.dir, o.role, ctx.runtime.script_of(o.role))?;
             ctx.copies.insert(role.to_string(), copy.clone());
             (
                 ReloadLine::accepted(step, role, &o.file, hash, &copy),

@@ -2,8 +2,8 @@
 
 use super::Ctx;
 use crate::env::Task;
-use crate::guidance::host::EpisodeView;
 use crate::guidance::rounds::Outcome;
+use crate::guidance::runtime::EpisodeView;
 use crate::guidance::{ResolvedSpec, TaskView};
 use crate::rollout;
 
@@ -41,7 +41,7 @@ pub(super) fn task_view(ctx: &Ctx, task: &Task, step: usize) -> TaskView {
     TaskView::new(
         task,
         ctx.clusters.of(task.expert.len()),
-        &ctx.host.history(&task.id),
+        &ctx.runtime.history(&task.id),
         step,
         ctx.exp.steps,
         ctx.exp.rollout.group_size,

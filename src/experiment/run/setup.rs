@@ -12,8 +12,8 @@ use super::{save_copy, sft, Ctx, Kind, RunError, RunOptions};
 use crate::env::{fill_experts, panel, Task};
 use crate::experiment::config::Experiment;
 use crate::experiment::models;
-use crate::guidance::host::Role;
-use crate::guidance::{Clusters, GuidanceHost};
+use crate::guidance::runtime::Role;
+use crate::guidance::{Clusters, GuidanceRuntime};
 use crate::model::{ModelSource, Policy};
 use crate::rundir::checkpoint::{self, Loaded};
 use crate::rundir::RunDir;
@@ -138,10 +138,10 @@ fn open(
     };
     let (policy, mut trainer) =
         policy_and_trainer(&exp, &settings, &src, resumed.as_ref(), &device)?;
-    let mut host = open_scripts(&exp, resumed.as_ref())?;
+    let mut runtime = open_scripts(&exp, resumed.as_ref())?;
     let scripts = match &resumed {
-        Some(l) => resume_state(&exp, l, &mut trainer, &mut host)?,
-        None => fresh_state(&exp, &dir, &mut host)?,
+        Some(l) => resume_state(&exp, l, &mut trainer, &mut runtime)?,
+        None => fresh_state(&exp, &dir, &mut runtime)?,
     };
     if let Some(l) = &resumed {
         vouch_for_resume(&exp, l, &dir, opts, &mut warnings)?;
@@ -154,7 +154,7 @@ fn open(
         &src,
         settings.aux_nll_coef > 0.0 || settings.train_prefix,
     )?;
-    let watcher = FileWatcher::new(&host.watched_files()).ok();
+    let watcher = FileWatcher::new(&runtime.watched_files()).ok();
     Ok((
         Ctx {
             _lock: lock,
@@ -169,7 +169,7 @@ fn open(
             src,
             policy,
             trainer,
-            host,
+            runtime,
             script_copy: scripts.script_copy,
             copies: scripts.copies,
             evals: scripts.evals,
@@ -282,19 +282,19 @@ fn hooks(exp: &Experiment) -> [(Role, Option<String>); 2] {
     ]
 }
 
-/// The guidance host with its scripts: on resume, the versions that were
+/// The guidance runtime with its scripts: on resume, the versions that were
 /// active at the checkpoint (their saved copies), still following the
 /// experiment's files for hot reload.
 pub(crate) fn open_scripts(
     exp: &Experiment,
     resumed: Option<&Loaded>,
-) -> Result<GuidanceHost, RunError> {
+) -> Result<GuidanceRuntime, RunError> {
     let script_path = match resumed {
         Some(l) => PathBuf::from(&l.state.script_copy),
         None => PathBuf::from(&exp.guidance.script),
     };
-    let mut host = GuidanceHost::new(&script_path, exp.seed)?;
-    host.set_call_budget(std::time::Duration::from_secs_f64(
+    let mut runtime = GuidanceRuntime::new(&script_path, exp.seed)?;
+    runtime.set_call_budget(std::time::Duration::from_secs_f64(
         exp.guidance.call_budget_s,
     ));
     for (role, path) in &hooks(exp) {
@@ -304,12 +304,12 @@ pub(crate) fn open_scripts(
             .map(PathBuf::from)
             .unwrap_or_else(|| PathBuf::from(path));
         match role {
-            Role::Reward => host.set_reward_script(&from)?,
-            _ => host.set_intervene_script(&from)?,
+            Role::Reward => runtime.set_reward_script(&from)?,
+            _ => runtime.set_intervene_script(&from)?,
         }
-        host.set_source(*role, Path::new(path));
+        runtime.set_source(*role, Path::new(path));
     }
-    Ok(host)
+    Ok(runtime)
 }
 
 /// A resume continues only what it can vouch for: the experiment the
@@ -406,16 +406,17 @@ fn resume_state(
     exp: &Experiment,
     l: &Loaded,
     trainer: &mut Trainer,
-    host: &mut GuidanceHost,
+    runtime: &mut GuidanceRuntime,
 ) -> Result<ScriptState, RunError> {
     let resume = |msg: String| RunError::Resume {
         checkpoint: l.dir.clone(),
         msg,
     };
     models::restore_optimizer(trainer, l)?;
-    host.restore(&l.state.host)
+    runtime
+        .restore(&l.state.runtime)
         .map_err(|e| resume(e.to_string()))?;
-    host.set_source(Role::Guidance, Path::new(&exp.guidance.script));
+    runtime.set_source(Role::Guidance, Path::new(&exp.guidance.script));
     Ok(ScriptState {
         start_step: l.state.step,
         evals: l.state.evals.clone(),
@@ -429,13 +430,13 @@ fn resume_state(
 fn fresh_state(
     exp: &Experiment,
     dir: &RunDir,
-    host: &mut GuidanceHost,
+    runtime: &mut GuidanceRuntime,
 ) -> Result<ScriptState, RunError> {
-    host.init()?;
-    let script_copy = save_copy(dir, Role::Guidance, Some(host.script()))?;
+    runtime.init()?;
+    let script_copy = save_copy(dir, Role::Guidance, Some(runtime.script()))?;
     let mut copies = BTreeMap::new();
     for (role, _) in hooks(exp).iter().filter(|h| h.1.is_some()) {
-        let c = save_copy(dir, *role, host.script_of(*role))?;
+        let c = save_copy(dir, *role, runtime.script_of(*role))?;
         copies.insert(role.name().to_string(), c);
     }
     dir.write_experiment(exp)?;

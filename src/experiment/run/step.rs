@@ -17,13 +17,13 @@ use super::script_views::{episode_view, task_view};
 use super::step_line::step_line;
 use super::timings::{Phase, Timings};
 use super::{log_reload, reload_if_edited, Ctx, Event, RunError};
-use crate::engine::Engine;
 use crate::env::{Env, Task};
 use crate::experiment::config::Experiment;
 use crate::experiment::metrics::round;
-use crate::guidance::host::TurnView;
 use crate::guidance::rounds::{drive, DriveReport, Request, TaskRounds};
-use crate::guidance::{GuidanceHost, TaskResult, TaskView};
+use crate::guidance::runtime::TurnView;
+use crate::guidance::{GuidanceRuntime, TaskResult, TaskView};
+use crate::inference::Engine;
 use crate::model::{Policy, Tok};
 use crate::rollout::{self, Episode, EpisodeRequest, RolloutError, RolloutOptions};
 use crate::rundir::{EnvErrorLine, StepBehaviour, StepEngine, StepLine};
@@ -65,7 +65,14 @@ pub(super) fn train_step(
         ctx.ropts.engine.as_deref(),
     )?;
     let results = task_results(&views, &driven.groups);
-    let update = update_script(&mut ctx.host, step, &results, &tstats, &timings, on_event);
+    let update = update_script(
+        &mut ctx.runtime,
+        step,
+        &results,
+        &tstats,
+        &timings,
+        on_event,
+    );
     let mut line = step_line(ctx, step, &driven, &batch, &tstats, &update, &timings);
     line.engine = engine;
     line.rollout_bf16 = bf16;
@@ -90,7 +97,7 @@ fn drive_rollouts(
 ) -> Result<Driven, RunError> {
     let _drive = timings.mark(Phase::Drive);
     let Ctx {
-        host,
+        runtime,
         train,
         policy,
         tok,
@@ -118,11 +125,11 @@ fn drive_rollouts(
     };
     let mut report = DriveReport::default();
     let groups = drive(
-        host,
+        runtime,
         step,
         views,
         exp.guidance.max_rounds,
-        &mut |h: &mut GuidanceHost, q: &[Request]| ex.run(h, q),
+        &mut |h: &mut GuidanceRuntime, q: &[Request]| ex.run(h, q),
         &mut report,
     );
     let mut script_errors = report.errors.len();
@@ -175,7 +182,11 @@ struct Executor<'a> {
 }
 
 impl Executor<'_> {
-    fn run(&mut self, host: &mut GuidanceHost, reqs: &[Request]) -> Result<Vec<Episode>, RunError> {
+    fn run(
+        &mut self,
+        runtime: &mut GuidanceRuntime,
+        reqs: &[Request],
+    ) -> Result<Vec<Episode>, RunError> {
         let t0 = Instant::now();
         let requests: Vec<EpisodeRequest> = reqs
             .iter()
@@ -207,16 +218,16 @@ impl Executor<'_> {
             None => {
                 let mut rng =
                     seed::rng(self.seed, &[seed::label("rollout"), self.step as u64, call]);
-                self.generate(host, &requests, &mut rng)?
+                self.generate(runtime, &requests, &mut rng)?
             }
         };
         // Reward shaping by the reward script (the env reward stands on
         // error).
-        if host.has_reward() {
+        if runtime.has_reward() {
             let t0 = Instant::now();
             for (i, (e, q)) in eps.iter_mut().zip(&requests).enumerate() {
                 let view = episode_view(e, q.task);
-                let (r, err) = host.reward(self.step, i, &view);
+                let (r, err) = runtime.reward(self.step, i, &view);
                 self.hook_errors.extend(err);
                 if let Some(r) = r {
                     e.replace_reward(r);
@@ -237,17 +248,17 @@ impl Executor<'_> {
     /// turn; also returns the seconds spent in that script.
     fn generate(
         &mut self,
-        host: &mut GuidanceHost,
+        runtime: &mut GuidanceRuntime,
         requests: &[EpisodeRequest],
         rng: &mut ChaCha8Rng,
     ) -> Result<(Vec<Episode>, rollout::RolloutStats, f64), RolloutError> {
         let step = self.step;
         let mut hooks_s = 0.0f64;
-        let has_int = host.has_intervene();
+        let has_int = runtime.has_intervene();
         let mut int_errors = Vec::new();
         let mut intervene = |t: &TurnView| {
             let t0 = Instant::now();
-            let (x, e) = host.intervene(step, t);
+            let (x, e) = runtime.intervene(step, t);
             int_errors.extend(e);
             hooks_s += t0.elapsed().as_secs_f64();
             x
@@ -434,7 +445,7 @@ fn engine_step(
 
 /// The script update with per-task results (and the step's losses).
 fn update_script(
-    host: &mut GuidanceHost,
+    runtime: &mut GuidanceRuntime,
     step: usize,
     results: &[TaskResult],
     tstats: &TrainStats,
@@ -442,23 +453,23 @@ fn update_script(
     on_event: &mut dyn FnMut(Event),
 ) -> Update {
     let timed = timings.mark(Phase::Update);
-    let script_hash = host.hash().to_string();
-    let script_hashes = host.hashes();
+    let script_hash = runtime.hash().to_string();
+    let script_hashes = runtime.hashes();
     let mut extra = BTreeMap::new();
     extra.insert("pg_loss".to_string(), tstats.pg_loss);
     extra.insert("entropy".to_string(), tstats.entropy);
     let mut script_errors = 0;
     // Every episode of the step failed in the env: nothing to learn from,
     // so the script's state stays as it was.
-    let update = (!results.is_empty()).then(|| host.update(step, results, &extra));
+    let update = (!results.is_empty()).then(|| runtime.update(step, results, &extra));
     if let Some(Some(e)) = update {
         script_errors += 1;
         on_event(Event::ScriptError(e.to_string()));
     }
     drop(timed);
-    let reverts = host.take_reverts();
-    host.end_step();
-    let effects = host.take_effects();
+    let reverts = runtime.take_reverts();
+    runtime.end_step();
+    let effects = runtime.take_effects();
     for l in &effects.logs {
         on_event(Event::ScriptLog(l.clone()));
     }

@@ -126,7 +126,7 @@ pub(super) fn step_line(
             .map(|(k, v)| (k.clone(), round(*v)))
             .collect(),
         state: ctx
-            .host
+            .runtime
             .state_numbers()
             .into_iter()
             .map(|(k, v)| (k, round(v)))

@@ -1,9 +1,9 @@
-//! The strategy host: owns the guidance script and the optional reward and
+//! The strategy runtime: owns the guidance script and the optional reward and
 //! intervention scripts, their persistent `state`s, and the per-task history
 //! scripts see; calls `init`, `plan`, `review`, `update`, `reward` and
 //! `intervene`.
 //!
-//! A failing script never stops a run: the call falls back to the host's
+//! A failing script never stops a run: the call falls back to the runtime's
 //! default (unguided, accept, env reward, no intervention) and the error is
 //! returned for the run log. Reloading edited scripts at step boundaries and
 //! their probation live in [`reload`](self::reload); checkpoint snapshots in
@@ -22,11 +22,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::guidance::decode::{at_fn, intervention_from, number_from, review_from, specs_from};
 use crate::guidance::spec::GuidanceSpec;
-use crate::script::{to_dynamic, Effects, HostHandles, Script, ScriptError};
+use crate::script::{to_dynamic, Effects, Script, ScriptError, ScriptHandles};
 use crate::seed;
 
-// The records and decoded values this host's API speaks in, at their old
-// paths (`guidance::host::TurnView`, ...) for callers elsewhere.
+// The records and decoded values this runtime's API speaks in, at their old
+// paths (`guidance::runtime::TurnView`, ...) for callers elsewhere.
 pub use crate::guidance::decode::{
     Intervention, Review, RoundRequest, RoundUse, MAX_ROUND_ROLLOUTS,
 };
@@ -34,7 +34,7 @@ pub use crate::guidance::script_inputs::{
     EpisodeView, TaskHistory, TaskResult, TaskView, TurnView,
 };
 pub use reload::ReloadOutcome;
-pub use snapshot::{HostSnapshot, RestoreError};
+pub use snapshot::{RestoreError, RuntimeSnapshot};
 
 /// The three kinds of script a run can have.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -57,7 +57,7 @@ impl Role {
 
 /// One script with its state and reload bookkeeping.
 struct Slot {
-    /// The file edits are reloaded from (on resume the host starts from the
+    /// The file edits are reloaded from (on resume the runtime starts from the
     /// run's saved copy but still follows this file).
     source: PathBuf,
     script: Script,
@@ -68,7 +68,7 @@ struct Slot {
 }
 
 impl Slot {
-    fn new(handles: &HostHandles, path: &Path) -> Result<Self, ScriptError> {
+    fn new(handles: &ScriptHandles, path: &Path) -> Result<Self, ScriptError> {
         Ok(Slot {
             source: path.to_path_buf(),
             script: Script::load(handles, path)?,
@@ -82,9 +82,9 @@ impl Slot {
     }
 }
 
-/// Host of a run's scripts.
-pub struct GuidanceHost {
-    handles: HostHandles,
+/// Runtime of a run's scripts.
+pub struct GuidanceRuntime {
+    handles: ScriptHandles,
     guidance: Slot,
     reward: Option<Slot>,
     intervene: Option<Slot>,
@@ -94,7 +94,7 @@ pub struct GuidanceHost {
     reverts: Vec<ReloadOutcome>,
 }
 
-impl GuidanceHost {
+impl GuidanceRuntime {
     /// Compile the guidance script at `path`. Nothing is called yet.
     /// Set the wall-clock budget of every script call (all roles).
     pub fn set_call_budget(&self, limit: std::time::Duration) {
@@ -103,7 +103,7 @@ impl GuidanceHost {
 
     pub fn new(path: &Path, seed: u64) -> Result<Self, ScriptError> {
         let handles = crate::guidance::script_handles();
-        Ok(GuidanceHost {
+        Ok(GuidanceRuntime {
             guidance: Slot::new(&handles, path)?,
             handles,
             reward: None,
@@ -385,17 +385,17 @@ pub(in crate::guidance) mod tests {
     use super::*;
     use std::io::Write;
 
-    /// A host over the script `src` (kept in a temp file), seeded `seed`.
+    /// A runtime over the script `src` (kept in a temp file), seeded `seed`.
     pub(in crate::guidance) fn host_seeded(
         src: &str,
         seed: u64,
-    ) -> (GuidanceHost, tempfile::NamedTempFile) {
+    ) -> (GuidanceRuntime, tempfile::NamedTempFile) {
         let mut f = tempfile::Builder::new().suffix(".rhai").tempfile().unwrap();
         f.write_all(src.as_bytes()).unwrap();
-        (GuidanceHost::new(f.path(), seed).unwrap(), f)
+        (GuidanceRuntime::new(f.path(), seed).unwrap(), f)
     }
 
-    fn host(src: &str) -> (GuidanceHost, tempfile::NamedTempFile) {
+    fn runtime(src: &str) -> (GuidanceRuntime, tempfile::NamedTempFile) {
         host_seeded(src, 7)
     }
 
@@ -421,7 +421,7 @@ pub(in crate::guidance) mod tests {
 
     #[test]
     fn state_persists_across_calls_and_constants_are_visible() {
-        let (mut h, _f) = host(
+        let (mut h, _f) = runtime(
             r#"
             const DEPTH = 0.5;
             fn init(state) { state.calls = 0; }
@@ -443,8 +443,8 @@ pub(in crate::guidance) mod tests {
     #[test]
     fn script_rng_is_reproducible_per_call_site() {
         let src = "fn plan(task, state) { prefix_ratio(uniform(0.0, 1.0)) }";
-        let (mut h1, _f1) = host(src);
-        let (mut h2, _f2) = host(src);
+        let (mut h1, _f1) = runtime(src);
+        let (mut h2, _f2) = runtime(src);
         let a = h1.plan(3, &view("a")).0;
         // h2 makes extra draws first; the draw for (step 3, task a) is unchanged.
         h2.plan(1, &view("z"));
@@ -456,11 +456,12 @@ pub(in crate::guidance) mod tests {
 
     #[test]
     fn per_rollout_arrays_and_wrong_types() {
-        let (mut h, _f) = host("fn plan(task, state) { [none(), prefix(1), plan(2), prefix(3)] }");
+        let (mut h, _f) =
+            runtime("fn plan(task, state) { [none(), prefix(1), plan(2), prefix(3)] }");
         let (s, e) = h.plan(0, &view("a"));
         assert!(e.is_none());
         assert_eq!(s[2].to_string(), "plan(2)");
-        let (mut h, _f) = host("fn plan(task, state) { 42 }");
+        let (mut h, _f) = runtime("fn plan(task, state) { 42 }");
         let (s, e) = h.plan(0, &view("a"));
         assert_eq!(s, vec![GuidanceSpec::None; 4]);
         assert!(e.unwrap().msg.contains("must return a spec"));
@@ -468,20 +469,20 @@ pub(in crate::guidance) mod tests {
 
     #[test]
     fn runtime_errors_are_positioned_and_loops_are_cut() {
-        let (mut h, _f) = host("fn plan(task, state) {\n  let x = task.nope + 1;\n  none()\n}");
+        let (mut h, _f) = runtime("fn plan(task, state) {\n  let x = task.nope + 1;\n  none()\n}");
         let e = h.plan(0, &view("a")).1.unwrap();
         assert_eq!(e.line, 2, "{e}");
-        let (mut h, _f) = host("fn plan(task, state) { loop { } }");
+        let (mut h, _f) = runtime("fn plan(task, state) { loop { } }");
         let e = h.plan(0, &view("a")).1.unwrap();
         assert!(e.msg.contains("operation limit"), "{e}");
     }
 
     #[test]
     fn snapshot_roundtrip() {
-        let (mut h, _f) = host("fn init(state) { state.mu = #{ a: 0.8, b: [1, 2] }; }");
+        let (mut h, _f) = runtime("fn init(state) { state.mu = #{ a: 0.8, b: [1, 2] }; }");
         h.init().unwrap();
         let snap = h.snapshot();
-        let (mut h2, _f2) = host("fn init(state) {}");
+        let (mut h2, _f2) = runtime("fn init(state) {}");
         h2.restore(&snap).unwrap();
         assert_eq!(h2.state_json(), h.state_json());
         assert_eq!(h.state_numbers()["mu.a"], 0.8);
@@ -509,7 +510,7 @@ pub(in crate::guidance) mod tests {
     #[test]
     fn gaussian_script_follows_agent_g2_equations() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/guidance/gaussian.rhai");
-        let mut h = GuidanceHost::new(&path, 1).unwrap();
+        let mut h = GuidanceRuntime::new(&path, 1).unwrap();
         h.init().unwrap();
         assert_eq!(h.state_json()["mu_global"], 0.8);
         // acc = (1 + 0.5 + 0) / 3 = 0.5: no move of mu_global (sign(0) = 0).

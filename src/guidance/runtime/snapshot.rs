@@ -1,4 +1,4 @@
-//! Checkpoints of a host: the scripts' states (as JSON) and the per-task
+//! Checkpoints of a runtime: the scripts' states (as JSON) and the per-task
 //! history, and the guidance state flattened into metrics.
 
 use std::collections::BTreeMap;
@@ -6,12 +6,12 @@ use std::collections::BTreeMap;
 use rhai::Dynamic;
 use serde::{Deserialize, Serialize};
 
-use super::{GuidanceHost, Role};
+use super::{GuidanceRuntime, Role};
 use crate::guidance::script_inputs::TaskHistory;
 
-/// Checkpointed host state.
+/// Checkpointed runtime state.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct HostSnapshot {
+pub struct RuntimeSnapshot {
     pub state: serde_json::Value,
     pub history: BTreeMap<String, TaskHistory>,
     /// States of the reward and intervention scripts, by role name.
@@ -24,7 +24,7 @@ pub struct HostSnapshot {
 #[error(transparent)]
 pub struct RestoreError(#[from] Box<rhai::EvalAltResult>);
 
-impl GuidanceHost {
+impl GuidanceRuntime {
     /// Guidance script state as JSON (checkpoints, metrics).
     pub fn state_json(&self) -> serde_json::Value {
         state_json(&self.guidance.state)
@@ -38,11 +38,11 @@ impl GuidanceHost {
         out
     }
 
-    /// Everything a checkpoint needs to restore this host. States are
+    /// Everything a checkpoint needs to restore this runtime. States are
     /// written with [`encode`], so inf/NaN and function pointers come back
     /// as they were.
-    pub fn snapshot(&self) -> HostSnapshot {
-        HostSnapshot {
+    pub fn snapshot(&self) -> RuntimeSnapshot {
+        RuntimeSnapshot {
             state: encode(&self.guidance.state.flatten_clone()),
             history: self.history.clone(),
             states: self
@@ -61,7 +61,7 @@ impl GuidanceHost {
 
     /// Put a checkpoint's states and history back (the scripts themselves
     /// are loaded separately).
-    pub fn restore(&mut self, snap: &HostSnapshot) -> Result<(), RestoreError> {
+    pub fn restore(&mut self, snap: &RuntimeSnapshot) -> Result<(), RestoreError> {
         let to = |v: &serde_json::Value| -> Result<Dynamic, RestoreError> {
             Ok(decode(v)?.into_shared())
         };

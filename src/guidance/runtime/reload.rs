@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use rhai::Dynamic;
 
-use super::{GuidanceHost, Role};
+use super::{GuidanceRuntime, Role};
 use crate::guidance::decode::{at_fn, intervention_from, number_from, specs_from};
 use crate::guidance::script_inputs::{EpisodeView, TaskView, TurnView};
 use crate::script::{to_dynamic, Script, ScriptError};
@@ -26,7 +26,7 @@ pub struct ReloadOutcome {
     pub reverted: Option<ScriptError>,
 }
 
-impl GuidanceHost {
+impl GuidanceRuntime {
     /// Follow `path` for reloads of `role` (the script may have been
     /// loaded from a saved copy).
     pub fn set_source(&mut self, role: Role, path: &Path) {
