@@ -7,16 +7,11 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use serde_json::json;
-
 use crate::env::panel;
 use crate::experiment::config::Comparison;
 use crate::experiment::models;
 use crate::experiment::run::{open_scripts, run, Event, RunError, RunOptions, RunSummary};
-use crate::rundir::{fresh_dir, write_atomic};
-
-/// The manifest of a comparison directory.
-const COMPARISON_FILE: &str = "comparison.json";
+use crate::rundir::{fresh_dir, ComparisonManifest};
 
 /// What a finished comparison produced.
 #[derive(Debug, Clone)]
@@ -45,16 +40,16 @@ pub fn run_comparison(
     on_event: &(dyn Fn(&str, Event) + Sync),
 ) -> Result<ComparisonSummary, RunError> {
     check_entries(cmp)?;
-    let dir = fresh_dir(&Path::new(&cmp.runs_dir).join(&cmp.name), COMPARISON_FILE);
+    let dir = fresh_dir(
+        &Path::new(&cmp.runs_dir).join(&cmp.name),
+        ComparisonManifest::FILE,
+    );
     std::fs::create_dir_all(&dir).map_err(RunError::io(&dir))?;
-    let names: Vec<&str> = cmp.runs.iter().map(|e| e.name.as_str()).collect();
-    let manifest = json!({ "name": cmp.name, "runs": names });
-    write_atomic(
-        &dir.join(COMPARISON_FILE),
-        serde_json::to_string_pretty(&manifest)
-            .unwrap_or_default()
-            .as_bytes(),
-    )?;
+    ComparisonManifest {
+        name: cmp.name.clone(),
+        runs: cmp.runs.iter().map(|e| e.name.clone()).collect(),
+    }
+    .write(&dir)?;
     let opts = RunOptions {
         resume: None,
         ..opts.clone()

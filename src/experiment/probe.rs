@@ -9,7 +9,7 @@
 use std::path::Path;
 
 use crate::env::{panel, Task};
-use crate::experiment::eval::{load_run, RunModels};
+use crate::experiment::eval::load_run;
 use crate::experiment::RunError;
 use crate::guidance::ResolvedSpec;
 use crate::rollout::{self, EpisodeRequest};
@@ -57,25 +57,19 @@ pub fn l2_diff(a: &[f32], b: &[f32]) -> f64 {
 
 /// Probe the run or checkpoint at `path`. Deterministic in `seed`.
 pub fn probe(path: &Path, o: &ProbeOptions) -> Result<ProbeResult, RunError> {
-    let RunModels {
-        exp,
-        ckpt_dir,
-        step,
-        tok,
-        trained,
-        initial,
-        clusters,
-        ropts,
-        ..
-    } = load_run(path, o.device)?;
-    let policy = if o.initial { &initial } else { &trained };
-    let panel_path = o.panel.in_run(&exp);
+    let run = load_run(path, o.device)?;
+    let policy = if o.initial {
+        &run.initial
+    } else {
+        &run.trained
+    };
+    let panel_path = o.panel.in_run(&run.exp);
     let all = panel::read_jsonl(&panel_path)?;
     let tasks: Vec<Task> = if o.tasks.is_empty() {
         let mut taken = std::collections::BTreeMap::<usize, usize>::new();
         all.iter()
             .filter(|t| {
-                let n = taken.entry(clusters.of(t.expert.len())).or_default();
+                let n = taken.entry(run.clusters.of(t.expert.len())).or_default();
                 *n += 1;
                 *n <= o.per_cluster
             })
@@ -95,7 +89,7 @@ pub fn probe(path: &Path, o: &ProbeOptions) -> Result<ProbeResult, RunError> {
             })
             .collect::<Result<_, _>>()?
     };
-    let spec = exp.env.spec();
+    let spec = run.exp.env.spec();
     spec.begin_step();
     let make = move |limit: usize| crate::env::make_env(&spec, limit);
     let k = o.k.max(1);
@@ -103,8 +97,14 @@ pub fn probe(path: &Path, o: &ProbeOptions) -> Result<ProbeResult, RunError> {
     let mut probes = Vec::with_capacity(tasks.len());
     let mut reqs = Vec::new();
     for task in &tasks {
-        let states =
-            rollout::expert_state_prompts(policy, &tok, &make, task, task.expert.len(), &ropts)?;
+        let states = rollout::expert_state_prompts(
+            policy,
+            &run.tok,
+            &make,
+            task,
+            task.expert.len(),
+            &run.ropts,
+        )?;
         let mut points = Vec::with_capacity(states.len());
         for s in states {
             let logits = policy.next_logits(&[s.guided, s.unguided])?;
@@ -129,7 +129,7 @@ pub fn probe(path: &Path, o: &ProbeOptions) -> Result<ProbeResult, RunError> {
         probes.push(TaskProbe {
             id: task.id.clone(),
             task_type: task.task_type.clone(),
-            cluster: clusters.of(task.expert.len()),
+            cluster: run.clusters.of(task.expert.len()),
             expert_len: task.expert.len(),
             points,
             barrier: 0,
@@ -138,7 +138,7 @@ pub fn probe(path: &Path, o: &ProbeOptions) -> Result<ProbeResult, RunError> {
     }
     // Every continuation of every state of every task in one batched call.
     let mut rng = seed::rng(o.seed, &[seed::label("probe")]);
-    let (eps, _) = rollout::run(policy, &tok, &make, &reqs, &ropts, &mut rng, None)?;
+    let (eps, _) = rollout::run(policy, &run.tok, &make, &reqs, &run.ropts, &mut rng, None)?;
     let mut chunks = eps.chunks(k);
     for p in &mut probes {
         for pt in &mut p.points {
@@ -156,8 +156,8 @@ pub fn probe(path: &Path, o: &ProbeOptions) -> Result<ProbeResult, RunError> {
             .map(|pt| pt.t);
     }
     Ok(ProbeResult {
-        checkpoint: ckpt_dir.display().to_string(),
-        step,
+        checkpoint: run.ckpt_dir.display().to_string(),
+        step: run.step,
         policy: if o.initial { "initial" } else { "trained" },
         k,
         seed: o.seed,

@@ -46,8 +46,9 @@ use serde_json::Value;
 pub use jsonl::Record;
 pub use lock::RunLock;
 pub use records::{
-    EnvErrorLine, EvalLine, EvalTimes, ReloadLine, ResumeLine, RunKind, SftEval, SftLine,
-    StepBehaviour, StepEngine, StepGigpo, StepLine, StepRounds, StepTimes, SuccessBreakdown,
+    ComparisonManifest, EnvErrorLine, EvalLine, EvalTimes, ReloadLine, ResumeLine, RunKind,
+    SftEval, SftLine, StepBehaviour, StepEngine, StepGigpo, StepLine, StepRounds, StepTimes,
+    SuccessBreakdown,
 };
 
 /// The resolved experiment of a run.

@@ -420,6 +420,26 @@ impl SftEval {
     pub const FILE: &'static str = "sft_eval.json";
 }
 
+/// `comparison.json`: the manifest of a comparison directory (the
+/// directory of a `compare: [...]` experiment's runs): its name and its
+/// runs' names, in list order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ComparisonManifest {
+    pub name: String,
+    pub runs: Vec<String>,
+}
+
+impl ComparisonManifest {
+    /// Its file in the comparison directory.
+    pub const FILE: &'static str = "comparison.json";
+
+    /// Write it into the comparison directory `dir`.
+    pub fn write(&self, dir: &std::path::Path) -> Result<(), super::RunDirError> {
+        let json = serde_json::to_string_pretty(self).unwrap_or_default();
+        super::write_atomic(&dir.join(Self::FILE), json.as_bytes())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
