@@ -426,21 +426,7 @@ pub fn run(
     }
     let (mut ctx, kind, start_step, warnings) = setup::setup(exp, opts)?;
     let steps = ctx.exp.steps;
-    on_event(Event::Started {
-        run_dir: ctx.dir.path().to_path_buf(),
-        start_step,
-        steps,
-        params: ctx.policy.num_params(),
-        trainable: ctx.policy.num_trainable_params(),
-        train_tasks: kind.tasks(&ctx).len(),
-        test_tasks: ctx.test.len(),
-    });
-    if ctx.policy.device().is_cpu() {
-        on_event(Event::Log(cpu_matmul_line(&ctx.policy)));
-    }
-    for w in warnings {
-        on_event(Event::Log(w));
-    }
+    announce(&ctx, &kind, start_step, warnings, on_event);
     let spec = ctx.exp.env.spec();
     let make = {
         let spec = spec.clone();
@@ -480,27 +466,7 @@ pub fn run(
             break;
         }
         spec.begin_step();
-        match &kind {
-            Kind::Rl => {
-                let line = step::train_step(&mut ctx, step, &make, on_event)?;
-                settle_envs(&ctx, &spec, step, None, on_event)?;
-                totals.add(&line);
-                let v = ctx.dir.append(&line)?;
-                tb_write(&mut ctx, step, "train", &v)?;
-                on_event(Event::Step {
-                    step,
-                    metrics: Box::new(line),
-                });
-            }
-            Kind::Sft(k) => {
-                let line = k.step(&mut ctx, step, &make)?;
-                settle_envs(&ctx, &spec, step, None, on_event)?;
-                totals.add_sft(&line);
-                let v = ctx.dir.append(&line)?;
-                tb_write(&mut ctx, step, "sft", &v)?;
-                on_event(Event::SftStep(Box::new(line)));
-            }
-        }
+        one_step(&mut ctx, &kind, step, &make, &spec, &mut totals, on_event)?;
         step += 1;
         done_here += 1;
         let every = ctx.exp.evaluation.every;
@@ -558,6 +524,67 @@ pub fn run(
         own_success,
         model,
     })
+}
+
+/// The run's opening events: what it is, the CPU matmul path, the
+/// set-up's warnings.
+fn announce(
+    ctx: &Ctx,
+    kind: &Kind,
+    start_step: usize,
+    warnings: Vec<String>,
+    on_event: &mut dyn FnMut(Event),
+) {
+    on_event(Event::Started {
+        run_dir: ctx.dir.path().to_path_buf(),
+        start_step,
+        steps: ctx.exp.steps,
+        params: ctx.policy.num_params(),
+        trainable: ctx.policy.num_trainable_params(),
+        train_tasks: kind.tasks(ctx).len(),
+        test_tasks: ctx.test.len(),
+    });
+    if ctx.policy.device().is_cpu() {
+        on_event(Event::Log(cpu_matmul_line(&ctx.policy)));
+    }
+    for w in warnings {
+        on_event(Event::Log(w));
+    }
+}
+
+/// One step of the run's kind: its line logged (metrics.jsonl or
+/// sft.jsonl, TensorBoard), the envs settled, the event sent.
+fn one_step(
+    ctx: &mut Ctx,
+    kind: &Kind,
+    step: usize,
+    make: &dyn Fn(usize) -> Box<dyn Env>,
+    spec: &EnvSpec,
+    totals: &mut Totals,
+    on_event: &mut dyn FnMut(Event),
+) -> Result<(), RunError> {
+    match kind {
+        Kind::Rl => {
+            let line = step::train_step(ctx, step, make, on_event)?;
+            settle_envs(ctx, spec, step, None, on_event)?;
+            totals.add(&line);
+            let v = ctx.dir.append(&line)?;
+            tb_write(ctx, step, "train", &v)?;
+            on_event(Event::Step {
+                step,
+                metrics: Box::new(line),
+            });
+        }
+        Kind::Sft(k) => {
+            let line = k.step(ctx, step, make)?;
+            settle_envs(ctx, spec, step, None, on_event)?;
+            totals.add_sft(&line);
+            let v = ctx.dir.append(&line)?;
+            tb_write(ctx, step, "sft", &v)?;
+            on_event(Event::SftStep(Box::new(line)));
+        }
+    }
+    Ok(())
 }
 
 /// Holds [`RunOptions::stepping`] raised while the step loop runs (and

@@ -45,43 +45,7 @@ fn open(
 ) -> Result<Opened, RunError> {
     let mut warnings = Vec::new();
     let device = models::device(&exp)?;
-    let (dir, lock, resumed) = match &opts.resume {
-        Some(d) => {
-            let dir = RunDir::at(d);
-            // A live run's directory is refused before anything is read
-            // (a missing one gets the checkpoint loader's message).
-            let lock = if d.is_dir() { Some(dir.lock()?) } else { None };
-            let need = match opts.accept_unverified {
-                true => checkpoint::Sums::MayLack,
-                false => checkpoint::Sums::Required,
-            };
-            let loaded = checkpoint::load_latest(d, &device, need)?;
-            if loaded.state.kind != opts.kind {
-                return Err(RunError::Resume {
-                    checkpoint: loaded.dir.clone(),
-                    msg: format!(
-                        "this checkpoint is of an {} run; resume it with `{} --resume {}`",
-                        serde_json::to_value(loaded.state.kind)
-                            .ok()
-                            .and_then(|v| v.as_str().map(str::to_uppercase))
-                            .unwrap_or_default(),
-                        loaded.state.kind.command(),
-                        d.display()
-                    ),
-                });
-            }
-            let lock = match lock {
-                Some(l) => l,
-                None => dir.lock()?,
-            };
-            (dir, lock, Some(loaded))
-        }
-        None => {
-            let (dir, lock) = RunDir::claim(&exp.run_dir())?;
-            *claimed = Some(dir.path().to_path_buf());
-            (dir, lock, None)
-        }
-    };
+    let (dir, lock, resumed) = open_dir(&exp, opts, &device, claimed)?;
     dir.create()?;
     if exp.model.rollout_bf16 && crate::model::cpu_has_amx_bf16() == Some(false) {
         warnings.push(
@@ -109,27 +73,7 @@ fn open(
         &exp.model.device.to_string(),
     )?;
     let tok = src.tok.clone();
-    let unencodable = tok.unencodable_words(
-        train
-            .iter()
-            .chain(&test)
-            .flat_map(|t| t.expert.iter().map(String::as_str)),
-    );
-    if !unencodable.is_empty() {
-        let shown: Vec<&str> = unencodable.iter().take(20).map(String::as_str).collect();
-        warnings.push(format!(
-            "the tokenizer cannot encode {} word(s) of the panels' expert actions: {}{} — \
-             actions with them reach the env cut short; build a vocabulary that has them \
-             (actguide init-tiny) or use another tokenizer",
-            unencodable.len(),
-            shown.join(", "),
-            if unencodable.len() > shown.len() {
-                ", …"
-            } else {
-                ""
-            }
-        ));
-    }
+    warnings.extend(unencodable_expert_words(&tok, &train, &test));
     warnings.extend(unencodable_shown_actions(&exp, &tok)?);
     // SFT trains on the NLL of expert actions alone.
     let settings = match &kind {
@@ -183,6 +127,85 @@ fn open(
         kind,
         scripts.start_step,
         warnings,
+    ))
+}
+
+/// The run directory of [`open`], locked: the resumed one with its latest
+/// checkpoint (refused when it is of the other run kind), or a fresh one
+/// (`claimed` is set to it).
+fn open_dir(
+    exp: &Experiment,
+    opts: &RunOptions,
+    device: &Device,
+    claimed: &mut Option<PathBuf>,
+) -> Result<(RunDir, crate::rundir::RunLock, Option<checkpoint::Loaded>), RunError> {
+    Ok(match &opts.resume {
+        Some(d) => {
+            let dir = RunDir::at(d);
+            // A live run's directory is refused before anything is read
+            // (a missing one gets the checkpoint loader's message).
+            let lock = if d.is_dir() { Some(dir.lock()?) } else { None };
+            let need = match opts.accept_unverified {
+                true => checkpoint::Sums::MayLack,
+                false => checkpoint::Sums::Required,
+            };
+            let loaded = checkpoint::load_latest(d, device, need)?;
+            if loaded.state.kind != opts.kind {
+                return Err(RunError::Resume {
+                    checkpoint: loaded.dir.clone(),
+                    msg: format!(
+                        "this checkpoint is of an {} run; resume it with `{} --resume {}`",
+                        serde_json::to_value(loaded.state.kind)
+                            .ok()
+                            .and_then(|v| v.as_str().map(str::to_uppercase))
+                            .unwrap_or_default(),
+                        loaded.state.kind.command(),
+                        d.display()
+                    ),
+                });
+            }
+            let lock = match lock {
+                Some(l) => l,
+                None => dir.lock()?,
+            };
+            (dir, lock, Some(loaded))
+        }
+        None => {
+            let (dir, lock) = RunDir::claim(&exp.run_dir())?;
+            *claimed = Some(dir.path().to_path_buf());
+            (dir, lock, None)
+        }
+    })
+}
+
+/// A warning when the tokenizer cannot encode words of the panels' expert
+/// actions (those actions reach the env cut short).
+fn unencodable_expert_words(
+    tok: &crate::model::Tok,
+    train: &[Task],
+    test: &[Task],
+) -> Option<String> {
+    let unencodable = tok.unencodable_words(
+        train
+            .iter()
+            .chain(test)
+            .flat_map(|t| t.expert.iter().map(String::as_str)),
+    );
+    if unencodable.is_empty() {
+        return None;
+    }
+    let shown: Vec<&str> = unencodable.iter().take(20).map(String::as_str).collect();
+    Some(format!(
+        "the tokenizer cannot encode {} word(s) of the panels' expert actions: {}{} — \
+             actions with them reach the env cut short; build a vocabulary that has them \
+             (actguide init-tiny) or use another tokenizer",
+        unencodable.len(),
+        shown.join(", "),
+        if unencodable.len() > shown.len() {
+            ", …"
+        } else {
+            ""
+        }
     ))
 }
 
