@@ -196,13 +196,6 @@ impl Default for ScriptHandles {
     }
 }
 
-/// Build a sandboxed engine with the actguide helper API registered and no
-/// imports (used by tests).
-pub fn new_engine() -> (Engine, ScriptHandles) {
-    let handles = ScriptHandles::new();
-    (engine_with(&handles, None), handles)
-}
-
 /// A sandboxed engine with no imports over `handles` (their registrars
 /// included): experiment files are evaluated on one.
 pub fn engine(handles: &ScriptHandles) -> Engine {
@@ -669,7 +662,8 @@ mod effects_tests {
 
     #[test]
     fn metrics_and_logs_are_capped_per_step() {
-        let (engine, handles) = new_engine();
+        let handles = ScriptHandles::new();
+        let engine = super::engine(&handles);
         engine
             .run(r#"for i in 0..5000 { metric("m" + i, i); log("line " + i); } let n = "x"; n.pad(5000, "x"); metric(n, 1.0);"#)
             .unwrap();
@@ -680,7 +674,8 @@ mod effects_tests {
         assert_eq!(e.dropped_logs, 5000 - MAX_LOGS_PER_STEP);
         // The next step starts from empty buffers.
         assert_eq!(handles.take_effects().metrics.len(), 0);
-        let (engine, handles) = new_engine();
+        let handles = ScriptHandles::new();
+        let engine = super::engine(&handles);
         engine
             .run(r#"let s = ""; s.pad(5000, "y"); log(s); metric(s, 2);"#)
             .unwrap();
