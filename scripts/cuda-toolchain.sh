@@ -30,6 +30,11 @@ if [ ! -x "$root/bin/nvcc" ]; then
     echo "no nvcc under $root" >&2
     exit 1
 fi
+# The wheel ships only libcudart.so.13; linking (candle-kernels' static
+# kernels ask for -lcudart) needs the unversioned name.
+if [ ! -e "$root/lib/libcudart.so" ]; then
+    ln -s libcudart.so.13 "$root/lib/libcudart.so"
+fi
 # CCCL's headers (cuda/std, cub, thrust) live in include/cccl.
 echo "export PATH=\"$root/bin:\$PATH\""
 echo "export CUDA_ROOT=\"$root\" CUDA_PATH=\"$root\" CUDA_HOME=\"$root\""

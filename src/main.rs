@@ -196,6 +196,11 @@ mod tests {
         ("dev bench-rollouts", "threads", Some("0")),
         ("dp-worker", "rank", None),
         ("dp-worker", "world", Some("1")),
+        ("dp-worker", "node", None),
+        ("dp-worker", "join-timeout", Some("0")),
+        ("run", "nodes", Some("0")),
+        ("run", "node-rank", None),
+        ("run", "join-timeout", Some("0")),
     ];
 
     fn numeric(arg: &clap::Arg) -> bool {

@@ -5,11 +5,13 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
 
-use actguide::experiment::{self, Comparison, Experiment, ExperimentFile, RunOptions};
+use actguide::distributed::launch::{self, LaunchFlags};
+use actguide::experiment::{self, Comparison, Experiment, ExperimentFile, RunOptions, WorkerPlace};
 use actguide::model::device::DeviceSpec;
 use actguide::rundir::{RunDir, RunKind};
 
@@ -51,6 +53,19 @@ pub struct RunArgs {
     /// or `cpu,cpu` (docs/DISTRIBUTED.md).
     #[arg(long, value_delimiter = ',', value_name = "cpu|cuda|cuda:N,...")]
     devices: Vec<DeviceSpec>,
+    /// Several nodes: how many (each one `actguide run` with its own
+    /// --devices); also read from torchrun's or Slurm's variables.
+    #[arg(long, value_parser = super::ranges::at_least(1), help_heading = "Nodes")]
+    nodes: Option<usize>,
+    /// This node, 0..nodes; node 0 owns the run directory.
+    #[arg(long, help_heading = "Nodes")]
+    node_rank: Option<usize>,
+    /// HOST:PORT where node 0 listens and the others connect.
+    #[arg(long, value_name = "HOST:PORT", help_heading = "Nodes")]
+    rendezvous: Option<String>,
+    /// Seconds ranks wait for each other to join (default 300).
+    #[arg(long, value_parser = super::ranges::at_least(1), help_heading = "Nodes")]
+    join_timeout: Option<usize>,
     /// With --resume: take a checkpoint that has no SHA256SUMS as it is.
     #[arg(long, requires = "resume")]
     accept_unverified: bool,
@@ -67,41 +82,48 @@ pub struct SftArgs {
     common: LoopArgs,
 }
 
-// Flags of `actguide dp-worker` (started by rank 0, not by hand).
+// Flags of `actguide dp-worker` (started by a node's first process, not
+// by hand).
 #[derive(Args)]
 pub struct WorkerArgs {
     #[arg(long)]
     rank: usize,
     #[arg(value_parser = super::ranges::at_least(2), long)]
     world: usize,
+    /// This rank's node.
+    #[arg(long, default_value_t = 0)]
+    node: usize,
     /// Rank 0's address.
     #[arg(long)]
     rendezvous: String,
     #[command(flatten)]
     device: DeviceArg,
-    /// The run directory (its experiment.json, its checkpoints on resume).
-    #[arg(long)]
-    run_dir: PathBuf,
-    /// Start from the run's latest checkpoint.
-    #[arg(long)]
-    resume: bool,
+    /// Seconds to wait for the rendezvous.
+    #[arg(long, value_parser = super::ranges::at_least(1), default_value_t = 300)]
+    join_timeout: usize,
 }
 
 /// Serve rank 0 of a data-parallel run.
 pub fn dp_worker(a: WorkerArgs) -> Result<()> {
-    // Ctrl-C reaches the whole process group: rank 0 finishes its step,
-    // checkpoints and then tells the workers to stop, so they must not die
-    // first (a lost rank would fail that step).
-    ctrlc::set_handler(|| {}).context("cannot install the SIGINT/SIGTERM handler")?;
-    experiment::serve_worker(
-        a.rank,
-        a.world,
-        &a.rendezvous,
-        a.device.or_cpu(),
-        &a.run_dir,
-        a.resume,
-    )
-    .with_context(|| format!("rank {} of {}", a.rank, a.world))
+    ignore_signals()?;
+    let place = WorkerPlace {
+        rank: a.rank,
+        world: a.world,
+        node: a.node,
+        rendezvous: a.rendezvous,
+        device: Some(a.device.or_cpu()),
+        local_rank: None,
+        join_timeout: Duration::from_secs(a.join_timeout as u64),
+    };
+    experiment::serve_worker(&place)
+        .with_context(|| format!("rank {} of {} (node {})", a.rank, a.world, a.node))
+}
+
+/// Ctrl-C reaches the whole process group: rank 0 finishes its step,
+/// checkpoints and then tells the other ranks to stop, so they must not
+/// die first (a lost rank would fail that step).
+fn ignore_signals() -> Result<()> {
+    ctrlc::set_handler(|| {}).context("cannot install the SIGINT/SIGTERM handler")
 }
 
 pub fn run(args: RunArgs) -> Result<()> {
@@ -110,12 +132,41 @@ pub fn run(args: RunArgs) -> Result<()> {
         memory_gb,
         jobs,
         devices,
+        nodes,
+        node_rank,
+        rendezvous,
+        join_timeout,
         accept_unverified,
         accept_changed_config,
     } = args;
+    let launch = launch::from_env(&LaunchFlags {
+        nodes,
+        node_rank,
+        rendezvous,
+    })?;
+    let join_timeout = join_timeout.map(|s| Duration::from_secs(s as u64));
+    if let Some(l) = launch.as_ref().filter(|l| l.node > 0) {
+        // Not node 0: the experiment, the run directory and the scripts
+        // are rank 0's; this node only lends its devices.
+        ignore_signals()?;
+        eprintln!(
+            "node {} of {} (from {}): joining rank 0 at {}",
+            l.node, l.nodes, l.source, l.rendezvous
+        );
+        let opts = RunOptions {
+            devices,
+            launch: Some(l.clone()),
+            join_timeout,
+            ..Default::default()
+        };
+        return experiment::serve_node(&opts)
+            .with_context(|| format!("node {} of {}", l.node, l.nodes));
+    }
     let opts = RunOptions {
         memory_limit: memory_gb.map(|g| (g * (1u64 << 30) as f64) as u64),
         devices,
+        launch,
+        join_timeout,
         accept_unverified,
         accept_changed_config,
         ..options(RunKind::Rl, &common)?

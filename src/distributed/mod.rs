@@ -11,6 +11,7 @@
 //! Every rank computes reductions in rank order, so all ranks hold
 //! bit-identical results and their weights never drift apart.
 
+pub mod launch;
 #[cfg(feature = "nccl")]
 pub mod nccl;
 mod tcp;

@@ -18,6 +18,9 @@ const MAGIC: &[u8; 4] = b"AGDP";
 pub struct TcpGroup {
     rank: usize,
     world: usize,
+    /// The node of each rank, where this rank knows it and the group spans
+    /// several nodes (rank 0 knows all): errors name it.
+    nodes: Vec<Option<usize>>,
     /// Rank 0: the link to rank r at index r − 1. Others: the link to 0.
     links: Mutex<Vec<TcpStream>>,
     /// How long a read waits for a peer, and what ends the wait early.
@@ -70,14 +73,17 @@ impl TcpGroup {
         world: usize,
         timeout: Duration,
     ) -> Result<Self, CollectiveError> {
-        Self::host_watching(listener, world, timeout, &mut || None)
+        Self::host_watching(listener, world, None, timeout, &mut || None)
     }
 
     /// [`TcpGroup::host`], asking `gone` while it waits whether a worker
     /// is known to have died (then it stops waiting, with that reason).
+    /// With `per_node` ranks on each of several nodes, every worker must
+    /// say the node its rank belongs to, and errors name nodes.
     pub fn host_watching(
         listener: TcpListener,
         world: usize,
+        per_node: Option<usize>,
         timeout: Duration,
         gone: &mut dyn FnMut() -> Option<String>,
     ) -> Result<Self, CollectiveError> {
@@ -101,7 +107,7 @@ impl TcpGroup {
                     s.set_nonblocking(false)
                         .map_err(io("cannot configure a worker's link"))?;
                     configure(&s, timeout).map_err(io("cannot configure a worker's link"))?;
-                    let (r, w) = greeting(&s).map_err(|e| CollectiveError::Protocol {
+                    let (r, w, node) = greeting(&s).map_err(|e| CollectiveError::Protocol {
                         rank: 0,
                         world,
                         msg: format!("bad greeting from {peer}: {e}"),
@@ -111,7 +117,26 @@ impl TcpGroup {
                             rank: 0,
                             world,
                             msg: format!(
-                                "{peer} joined as rank {r} of {w}: expected a free rank in 1..{world} of {world}"
+                                "{peer} (node {node}) joined as rank {r} of {w}: expected a free \
+                                 rank in 1..{world} of {world}{}",
+                                if per_node.is_some() {
+                                    "; do all nodes list the same number of --devices?"
+                                } else {
+                                    ""
+                                }
+                            ),
+                        });
+                    }
+                    let want = per_node.map_or(0, |d| r / d.max(1));
+                    if node != want {
+                        return Err(CollectiveError::Protocol {
+                            rank: 0,
+                            world,
+                            msg: format!(
+                                "{peer} joined as rank {r} of node {node}, but rank {r} belongs \
+                                 to node {want} ({} ranks per node): do all nodes list the same \
+                                 number of --devices?",
+                                per_node.unwrap_or(world)
                             ),
                         });
                     }
@@ -128,11 +153,20 @@ impl TcpGroup {
                     if Instant::now() > deadline {
                         let missing: Vec<usize> =
                             (1..world).filter(|r| links[r - 1].is_none()).collect();
+                        let of_nodes = match per_node {
+                            Some(d) => {
+                                let mut n: Vec<usize> =
+                                    missing.iter().map(|r| r / d.max(1)).collect();
+                                n.dedup();
+                                format!(" (of nodes {n:?})")
+                            }
+                            None => String::new(),
+                        };
                         return Err(CollectiveError::Protocol {
                             rank: 0,
                             world,
                             msg: format!(
-                                "ranks {missing:?} did not join within {} s",
+                                "ranks {missing:?}{of_nodes} did not join within {} s",
                                 timeout.as_secs()
                             ),
                         });
@@ -142,20 +176,24 @@ impl TcpGroup {
                 Err(e) => return Err(io("rendezvous accept failed")(e)),
             }
         }
+        let nodes = (0..world).map(|r| per_node.map(|d| r / d.max(1))).collect();
         Ok(TcpGroup {
             rank: 0,
             world,
+            nodes,
             links: Mutex::new(links.into_iter().flatten().collect()),
             wait: Mutex::new(Wait::new(timeout)),
         })
     }
 
-    /// Rank `rank` (≥ 1): connect to rank 0 at `addr`, retrying until
-    /// `timeout` (rank 0 may not listen yet).
+    /// Rank `rank` (≥ 1) of node `node` (0 on one machine): connect to
+    /// rank 0 at `addr`, retrying until `timeout` (rank 0 may not listen
+    /// yet).
     pub fn connect(
         addr: &str,
         rank: usize,
         world: usize,
+        node: usize,
         timeout: Duration,
     ) -> Result<Self, CollectiveError> {
         let io = |what: String| {
@@ -186,7 +224,10 @@ impl TcpGroup {
             match tried {
                 Ok(s) => break s,
                 Err(e) if Instant::now() > deadline => {
-                    return Err(io(format!("cannot reach rank 0 at {addr}"))(e))
+                    return Err(io(format!(
+                        "node {node} cannot reach rank 0 at {addr} (the rendezvous) within {} s",
+                        timeout.as_secs()
+                    ))(e))
                 }
                 Err(_) => std::thread::sleep(Duration::from_millis(50)),
             }
@@ -195,11 +236,18 @@ impl TcpGroup {
         let mut hello = MAGIC.to_vec();
         hello.extend((rank as u32).to_le_bytes());
         hello.extend((world as u32).to_le_bytes());
+        hello.extend((node as u32).to_le_bytes());
         (&s).write_all(&hello)
             .map_err(io("cannot greet rank 0".into()))?;
+        let mut nodes = vec![None; world];
+        if node > 0 {
+            nodes[0] = Some(0);
+            nodes[rank] = Some(node);
+        }
         Ok(TcpGroup {
             rank,
             world,
+            nodes,
             wait: Mutex::new(Wait::new(timeout)),
             links: Mutex::new(vec![s]),
         })
@@ -260,16 +308,24 @@ impl TcpGroup {
 
     fn io_err(&self, peer: usize, what: &str) -> impl FnOnce(std::io::Error) -> CollectiveError {
         let (rank, world) = (self.rank, self.world);
-        let what = if peer == 0 {
-            format!("{what} rank 0 (did it stop?)")
-        } else {
-            format!("{what} rank {peer} (did it stop?)")
-        };
+        let what = format!("{what} {} (did it stop?)", self.name(peer));
         move |source| CollectiveError::Io {
             rank,
             world,
             what,
             source,
+        }
+    }
+}
+
+impl TcpGroup {
+    /// `rank 3`, or `rank 3 on node 1` where the group spans nodes.
+    pub fn name(&self, rank: usize) -> String {
+        match self.nodes.get(rank).copied().flatten() {
+            Some(n) if self.nodes.iter().flatten().any(|&n| n > 0) => {
+                format!("rank {rank} on node {n}")
+            }
+            _ => format!("rank {rank}"),
         }
     }
 }
@@ -280,9 +336,9 @@ fn configure(s: &TcpStream, timeout: Duration) -> std::io::Result<()> {
     s.set_write_timeout(Some(timeout))
 }
 
-/// A worker's (rank, world).
-fn greeting(mut s: &TcpStream) -> std::io::Result<(usize, usize)> {
-    let mut b = [0u8; 12];
+/// A worker's (rank, world, node).
+fn greeting(mut s: &TcpStream) -> std::io::Result<(usize, usize, usize)> {
+    let mut b = [0u8; 16];
     s.read_exact(&mut b)?;
     if &b[..4] != MAGIC {
         return Err(std::io::Error::new(
@@ -292,7 +348,8 @@ fn greeting(mut s: &TcpStream) -> std::io::Result<(usize, usize)> {
     }
     let r = u32::from_le_bytes(b[4..8].try_into().expect("4 bytes")) as usize;
     let w = u32::from_le_bytes(b[8..12].try_into().expect("4 bytes")) as usize;
-    Ok((r, w))
+    let n = u32::from_le_bytes(b[12..16].try_into().expect("4 bytes")) as usize;
+    Ok((r, w, n))
 }
 
 fn send(mut s: &TcpStream, bytes: &[u8]) -> std::io::Result<()> {
@@ -379,7 +436,7 @@ mod tests {
         let workers: Vec<_> = (1..world)
             .map(|r| {
                 let a = addr.clone();
-                std::thread::spawn(move || TcpGroup::connect(&a, r, world, t).unwrap())
+                std::thread::spawn(move || TcpGroup::connect(&a, r, world, 0, t).unwrap())
             })
             .collect();
         let mut g = vec![TcpGroup::host(l, world, t).unwrap()];
@@ -447,7 +504,7 @@ mod tests {
         let e = g[0].all_gather(vec![1]).unwrap_err().to_string();
         assert!(e.contains("rank 1 (did it stop?)"), "{e}");
         // A worker whose rank 0 is gone cannot join.
-        let e = TcpGroup::connect("127.0.0.1:1", 1, 2, Duration::from_millis(200))
+        let e = TcpGroup::connect("127.0.0.1:1", 1, 2, 0, Duration::from_millis(200))
             .unwrap_err()
             .to_string();
         assert!(e.contains("cannot reach rank 0"), "{e}");

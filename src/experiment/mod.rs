@@ -16,4 +16,7 @@ pub mod run;
 pub use compare::{run_comparison, ComparisonSummary};
 pub use config::{Comparison, ConfigError, Experiment, ExperimentFile};
 pub use panel_ref::PanelRef;
-pub use run::{run, serve_worker, sft, Event, RunError, RunOptions, RunSummary};
+pub use run::{
+    run, serve_node, serve_worker, sft, Event, RunError, RunOptions, RunSummary, WorkerPlace,
+    JOIN_TIMEOUT, RANKS_FILE,
+};

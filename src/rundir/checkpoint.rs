@@ -302,13 +302,18 @@ impl Loaded {
 
 /// Load the checkpoint `latest` points at.
 pub fn load_latest(run_dir: &Path, device: &Device, need: Sums) -> Result<Loaded, CheckpointError> {
+    load_dir(&latest_dir(run_dir)?, device, need)
+}
+
+/// The checkpoint folder `<run_dir>/checkpoints/latest` names.
+pub fn latest_dir(run_dir: &Path) -> Result<PathBuf, CheckpointError> {
     let root = run_dir.join(CHECKPOINTS_DIR);
     let latest = root.join(LATEST_FILE);
     let name = std::fs::read_to_string(&latest).map_err(|source| CheckpointError::NoLatest {
         path: latest.clone(),
         source,
     })?;
-    load_dir(&root.join(name.trim()), device, need)
+    Ok(root.join(name.trim()))
 }
 
 /// Load the checkpoint in `dir` (`<run>/checkpoints/step-NNNNNN`), after

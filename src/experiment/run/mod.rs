@@ -14,6 +14,7 @@
 mod error;
 mod periodic_eval;
 mod phases;
+mod rank_worker;
 mod ranks;
 mod reload;
 mod script_views;
@@ -44,7 +45,8 @@ use crate::train::Trainer;
 
 pub use error::RunError;
 use periodic_eval::{run_eval, tb_write};
-pub use ranks::serve_worker;
+pub use rank_worker::{serve_node, serve_worker, WorkerPlace};
+pub use ranks::{JOIN_TIMEOUT, RANKS_FILE};
 pub use reload::ReloadFailure;
 use reload::{log_reload, reload_if_edited};
 use script_views::task_view;
@@ -72,6 +74,12 @@ pub struct RunOptions {
     /// Data-parallel: one rank per device (`--devices`); empty or one
     /// entry: this process alone on `model.device`.
     pub devices: Vec<crate::model::device::DeviceSpec>,
+    /// A run over several nodes (`--nodes`, or a cluster launcher's
+    /// variables): this process is node `launch.node`; node 0 runs rank 0.
+    pub launch: Option<crate::distributed::launch::Launch>,
+    /// How long ranks wait for each other to join (default
+    /// [`JOIN_TIMEOUT`]).
+    pub join_timeout: Option<std::time::Duration>,
     /// The program that serves `dp-worker` for ranks 1.. (default: this
     /// executable; tests name the built binary).
     pub worker_program: Option<PathBuf>,
@@ -85,6 +93,11 @@ pub struct RunOptions {
 }
 
 impl RunOptions {
+    /// Whether the run has other ranks (several devices or nodes).
+    pub fn data_parallel(&self) -> bool {
+        self.devices.len() > 1 || self.launch.is_some()
+    }
+
     /// Whether [`RunOptions::interrupt`] has been raised.
     pub fn interrupted(&self) -> bool {
         self.interrupt
@@ -415,14 +428,14 @@ pub fn run(
 ) -> Result<RunSummary, RunError> {
     let t_start = Instant::now();
     let mut exp = exp;
-    if opts.devices.len() > 1 {
+    if opts.data_parallel() {
         if !opts.kind.is_rl() {
             return Err(RunError::Sft(
                 "data-parallel devices are for RL runs; an SFT run trains on one device".into(),
             ));
         }
         ranks::check(&exp, &opts.devices)?;
-        exp.model.device = opts.devices[0];
+        exp.model.device = ranks::rank0_device(&exp, opts);
     }
     let (mut ctx, kind, start_step, warnings) = setup::setup(exp, opts)?;
     let steps = ctx.exp.steps;
@@ -440,7 +453,7 @@ pub fn run(
         }
         return Err(e);
     }
-    if opts.devices.len() > 1 {
+    if opts.data_parallel() {
         let r = ranks::Ranks::start(&mut ctx, opts)?;
         on_event(Event::Log(r.describe()));
         ctx.ranks = Some(r);
@@ -482,6 +495,9 @@ pub fn run(
         let stopping = opts.stop_after == Some(done_here);
         if interrupt || stopping || step == steps || (ck > 0 && step % ck == 0) {
             let dir = save_checkpoint(&ctx, kind.of(), step)?;
+            if let Some(r) = &ctx.ranks {
+                r.agree(&ctx.policy, &dir)?;
+            }
             on_event(Event::Checkpoint(dir));
         }
         if interrupt {

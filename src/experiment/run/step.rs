@@ -361,9 +361,6 @@ fn train(
         protect_forced: t.protect_forced,
     };
     let mut samples = build_samples(&batch.episodes, &batch.advantages, &sopts);
-    if let Some(r) = ranks {
-        r.train(step, &samples)?;
-    }
     let cap = match engine {
         Some(e) => Some(e.settings().tis_cap),
         None => policy.rollout_bf16().then_some(BF16_TIS_CAP),
@@ -377,6 +374,11 @@ fn train(
         }
         None => None,
     };
+    // After the behaviour correction: the other ranks train on the same
+    // corrected samples (their share of the micro-batches).
+    if let Some(r) = ranks {
+        r.train(step, &samples)?;
+    }
     let mut trng = seed::rng(exp.seed, &[seed::label("train"), step as u64]);
     let tstats = trainer.step(policy, &samples, step, &mut trng)?;
     timings.add(Phase::Train, tstats.seconds);
