@@ -693,3 +693,71 @@ fn the_reference_server_stops_generating_when_its_client_leaves() {
     let (status, v) = server.complete(serde_json::json!({ "prompt": [1, 100], "n_predict": 2 }));
     assert_eq!(status, 200, "{v}");
 }
+
+/// `rollout.async`: each step after the first was driven while the one
+/// before it trained; every trained episode carries the version it was
+/// sampled at, the lag is counted, and episodes past `max_staleness`
+/// leave the batch. The reference server samples from exactly the
+/// weights it was given, so the behaviour mismatch shows whether the
+/// version tags are right: on-policy episodes agree to float noise, and
+/// one-version-old ones (lr 0.05) visibly differ.
+#[test]
+fn asynchronous_rollouts_overlap_the_update_and_account_for_their_lag() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (gguf, prog) = tiny_with_reference(tmp.path());
+    for k in [1u64, 0] {
+        let src = engine_src(tmp.path(), &gguf, &prog, 1, 4)
+            .replace(r#"name: "engine""#, &format!(r#"name: "async{k}""#))
+            .replace(
+                "engine: #{ kind",
+                &format!(r#""async": #{{ max_staleness: {k} }}, engine: #{{ kind"#),
+            );
+        let e = Experiment::from_source("async.rhai", &src).expect("valid experiment");
+        assert!(e.rollout.async_rollouts.is_some());
+        let s = experiment::run(e, &RunOptions::default(), &mut |_| {}).unwrap();
+        let m = metrics(&s.run_dir);
+        assert_eq!(m.len(), 4);
+        let mut old = 0u64;
+        for (i, line) in m.iter().enumerate() {
+            let a = &line["async"];
+            assert_eq!(a["version"], i as u64, "{a}");
+            assert_eq!(a["max_staleness"], k);
+            // The first step has no step before it to overlap.
+            assert_eq!(a["overlapped"], i > 0, "{a}");
+            let lag: Vec<u64> = a["lag"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_u64().unwrap())
+                .collect();
+            assert!(
+                lag.len() <= 2,
+                "one step of overlap: at most 1 behind ({a})"
+            );
+            let behind = lag.get(1).copied().unwrap_or(0);
+            old += behind;
+            let dropped = a["dropped"].as_u64().unwrap();
+            assert_eq!(dropped, if k == 0 { behind } else { 0 }, "{a}");
+            assert_eq!(
+                lag.iter().sum::<u64>(),
+                line["episodes"].as_u64().unwrap() + dropped,
+                "every training episode counted once ({line})"
+            );
+            let en = &line["engine"];
+            assert_eq!(en["failed_episodes"], 0, "{en}");
+            let mm = en["mismatch_max"].as_f64().unwrap();
+            if behind > dropped {
+                assert!(
+                    mm > 1e-3,
+                    "step {i}: old episodes trained, mismatch {mm}: {en}"
+                );
+            } else {
+                assert!(
+                    mm < 1e-3,
+                    "step {i}: only on-policy episodes, mismatch {mm}: {en}"
+                );
+            }
+        }
+        eprintln!("max_staleness {k}: {old} episodes one version behind over 4 steps");
+    }
+}

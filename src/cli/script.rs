@@ -61,6 +61,10 @@ pub struct SimulateArgs {
     /// Learner: horizon gained per step regardless of signal.
     #[arg(value_parser = super::ranges::finite, long, default_value_t = 0.0, allow_negative_numbers = true)]
     drift: f64,
+    /// Model `rollout.async`: each step plans and samples before the
+    /// previous step's update reaches the script and the learner.
+    #[arg(long = "async")]
+    lag: bool,
     /// Print JSON.
     #[arg(long)]
     json: bool,
@@ -79,6 +83,7 @@ pub fn simulate(a: SimulateArgs) -> Result<()> {
         plan_gain: a.plan_gain,
         learn_rate: a.learn_rate,
         drift: a.drift,
+        lag: a.lag,
     };
     let panel = a.panel.of_env(BuiltinEnv::Household);
     let report = simulate_file(&a.script, &panel, &p)?;

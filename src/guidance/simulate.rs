@@ -47,6 +47,11 @@ pub struct SimParams {
     pub learn_rate: f64,
     /// Horizon gained per step regardless of signal.
     pub drift: f64,
+    /// Model `rollout.async`: each step's plan, rounds and rollouts come
+    /// before the previous step's update (the script sees results one
+    /// step late) and sample the learner as it was before that update.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub lag: bool,
 }
 
 impl Default for SimParams {
@@ -63,6 +68,7 @@ impl Default for SimParams {
             plan_gain: 0.8,
             learn_rate: 0.3,
             drift: 0.0,
+            lag: false,
         }
     }
 }
@@ -177,9 +183,14 @@ pub fn simulate(
     let clusters = Clusters::from_lengths(&lens, p.clusters);
     runtime.init()?;
     let mut skill = p.horizon;
+    // With `lag`: the learner before the last update, and that update's
+    // step, results and extras, not yet handed to the script.
+    let mut before = skill;
+    let mut pending: Option<(usize, Vec<TaskResult>, BTreeMap<String, f64>)> = None;
     let mut rows = Vec::new();
     let mut script_seconds = 0.0f64;
     for step in 0..p.steps {
+        let sampled = if p.lag { before } else { skill };
         let idx = seed::tasks_for_step(p.seed, panel.len(), p.tasks_per_step, step);
         let views: Vec<TaskView> = idx
             .iter()
@@ -196,17 +207,23 @@ pub fn simulate(
                 )
             })
             .collect();
-        let played = play_rounds(runtime, step, &views, &idx, &lens, skill, p)?;
+        let played = play_rounds(runtime, step, &views, &idx, &lens, sampled, p)?;
         // Runtime calls (plan, review) and the driver's bookkeeping.
         script_seconds += played.script_s;
         let (groups, mut report) = (played.groups, played.report);
-        let batch = StepBatch::collect(&views, &groups, skill, p);
+        let batch = StepBatch::collect(&views, &groups, sampled, p);
         let mut extra = BTreeMap::new();
         extra.insert("skill".to_string(), skill);
         let t_upd = std::time::Instant::now();
-        let err = runtime.update(step, &batch.results, &extra);
+        let due = if p.lag {
+            pending.replace((step, batch.results.clone(), extra))
+        } else {
+            Some((step, batch.results.clone(), extra))
+        };
+        if let Some((s, results, extra)) = due {
+            report.errors.extend(runtime.update(s, &results, &extra));
+        }
         script_seconds += t_upd.elapsed().as_secs_f64();
-        report.errors.extend(err);
         runtime.end_step();
         let effects = runtime.take_effects();
         let signal = batch.signal;
@@ -218,7 +235,16 @@ pub fn simulate(
             effects,
             &report,
         ));
+        before = skill;
         skill += p.learn_rate * signal / views.len().max(1) as f64 + p.drift;
+    }
+    if let Some((s, results, extra)) = pending {
+        // The last step's results, as the run's last update.
+        if let Some(e) = runtime.update(s, &results, &extra) {
+            if let Some(r) = rows.last_mut() {
+                r.errors.push(e.to_string());
+            }
+        }
     }
     Ok(SimReport {
         script: runtime.script().file(),
@@ -554,5 +580,54 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e.to_string(), "--tasks must be ≥ 1");
+    }
+
+    /// Under `lag` (rollout.async), step t's plan runs before step t−1's
+    /// update: the script has seen one update fewer at each plan.
+    #[test]
+    fn async_lag_hands_results_to_the_script_one_step_late() {
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("count.rhai");
+        std::fs::write(
+            &script,
+            r#"
+fn init(state) { state.updates = 0; }
+fn plan(task, state) { metric("updates_seen", state.updates); none() }
+fn review(task, group, state) {}
+fn update(batch, state) { state.updates += 1; metric("updated", state.updates); }
+"#,
+        )
+        .unwrap();
+        let panel: Vec<Task> =
+            crate::env::panel::read_jsonl(std::path::Path::new("envs/household/train.jsonl"))
+                .unwrap();
+        let run = |lag: bool| {
+            let p = SimParams {
+                steps: 4,
+                tasks_per_step: 2,
+                group_size: 2,
+                lag,
+                ..SimParams::default()
+            };
+            let mut rt = GuidanceRuntime::new(&script, 0).unwrap();
+            simulate(&mut rt, &panel, &p).unwrap()
+        };
+        let seen = |r: &SimReport| -> Vec<f64> {
+            r.rows
+                .iter()
+                .map(|row| row.metrics["updates_seen"])
+                .collect()
+        };
+        let (sync, lagged) = (run(false), run(true));
+        assert_eq!(seen(&sync), [0.0, 1.0, 2.0, 3.0]);
+        assert_eq!(seen(&lagged), [0.0, 0.0, 1.0, 2.0]);
+        // By the last row the lagged script has had one update fewer (the
+        // last step's comes after the loop).
+        assert_eq!(sync.rows[3].metrics["updated"], 4.0);
+        assert_eq!(lagged.rows[3].metrics["updated"], 3.0);
+        assert!(lagged.rows.iter().all(|r| r.errors.is_empty()));
+        // Without lag, nothing is serialised differently.
+        let v = serde_json::to_value(&sync.params).unwrap();
+        assert!(v.get("lag").is_none());
     }
 }

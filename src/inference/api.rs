@@ -210,6 +210,7 @@ fn parse_llamacpp(v: &Value) -> Result<EngineReply, String> {
         tokens,
         logprobs,
         finished,
+        version: 0,
     })
 }
 
@@ -251,6 +252,7 @@ fn parse_vllm(v: &Value) -> Result<EngineReply, String> {
         tokens,
         logprobs,
         finished,
+        version: 0,
     })
 }
 
@@ -284,6 +286,7 @@ fn parse_sglang(v: &Value) -> Result<EngineReply, String> {
         tokens,
         logprobs,
         finished,
+        version: 0,
     })
 }
 

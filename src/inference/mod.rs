@@ -50,6 +50,8 @@ pub struct EngineReply {
     pub logprobs: Vec<f32>,
     /// The answer ended with the stop token (not cut by the token limit).
     pub finished: bool,
+    /// The policy version the server held (set by [`Pool`]).
+    pub version: u64,
 }
 
 /// Engine failures that stop a run (one request's failure only ends its
@@ -174,6 +176,11 @@ impl Engine {
     /// succeeds; the sync fails only when no server took it.
     pub fn sync(&self, policy: &Policy, version: u64) -> Result<SyncReport, EngineError> {
         let t0 = Instant::now();
+        // Requests in flight (asynchronous rollouts) finish on the old
+        // weights; new ones wait for the new.
+        self.pool
+            .begin_sync(Duration::from_secs_f64(self.cfg.timeout_s));
+        let _end = EndSync(&self.pool);
         self.pool.set_version(version);
         let n = self.pool.urls().len();
         let mut failed = Vec::new();
@@ -303,6 +310,15 @@ pub fn gguf_vocab(path: &Path) -> Result<Option<GgufVocab>, crate::model::ModelE
         g.metadata(),
         &path.display().to_string(),
     )?))
+}
+
+/// Ends the pool's weight sync however [`Engine::sync`] returns.
+struct EndSync<'a>(&'a Pool);
+
+impl Drop for EndSync<'_> {
+    fn drop(&mut self) {
+        self.0.end_sync();
+    }
 }
 
 /// The served adapter name of `version`.

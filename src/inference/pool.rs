@@ -3,7 +3,12 @@
 //! 5xx) fails the requests it had, is left alone for a back-off that
 //! doubles on each further failure, and is tried again after it. The
 //! policy version each server holds is tracked: only servers synced to
-//! the current version get requests, so no episode mixes two versions.
+//! the current version get requests, and each reply says the version it
+//! was generated at. A weight sync first lets the requests in flight
+//! finish and holds new ones until the servers hold the new version
+//! ([`Pool::begin_sync`]), so a reply never straddles two versions (a
+//! multi-turn episode can, under asynchronous rollouts: its turns each
+//! carry theirs).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex};
@@ -42,6 +47,8 @@ struct State {
     served: Vec<usize>,
     failed: Vec<usize>,
     version: u64,
+    /// A weight sync is under way: new requests wait for its end.
+    syncing: bool,
 }
 
 /// Per-server counters since the last [`Pool::take_counts`] (a step's
@@ -103,6 +110,7 @@ impl Pool {
                 served: vec![0; n],
                 failed: vec![0; n],
                 version: 0,
+                syncing: false,
             }),
             freed: Condvar::new(),
         }
@@ -132,6 +140,33 @@ impl Pool {
         self.lock().version = version;
     }
 
+    /// Start a weight sync: new requests wait until [`Pool::end_sync`];
+    /// returns once the requests in flight are done (or after `wait`, when
+    /// a server hangs: its requests then fail on their own timeout).
+    pub fn begin_sync(&self, wait: Duration) {
+        let deadline = Instant::now() + wait;
+        let mut s = self.lock();
+        s.syncing = true;
+        while s.in_flight.iter().any(|&n| n > 0) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            s = self
+                .freed
+                .wait_timeout(s, left.min(Duration::from_millis(200)))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// End a weight sync: waiting requests go to the servers that hold the
+    /// new version.
+    pub fn end_sync(&self) {
+        self.lock().syncing = false;
+        self.freed.notify_all();
+    }
+
     /// Server `i` now holds `version` (and is up).
     pub fn mark_synced(&self, i: usize, version: u64) {
         let mut s = self.lock();
@@ -159,12 +194,21 @@ impl Pool {
         s.synced[i] == s.version && s.down_until[i].is_none_or(|t| t <= now)
     }
 
-    /// A server slot: the eligible server with the fewest requests in
-    /// flight (waits while all eligible ones are full); `None` when no
-    /// server is eligible.
-    fn acquire(&self) -> Option<usize> {
+    /// A server slot and the version it holds: the eligible server with
+    /// the fewest requests in flight (waits while all eligible ones are
+    /// full, and while a weight sync is under way); `None` when no server
+    /// is eligible.
+    fn acquire(&self) -> Option<(usize, u64)> {
         let mut s = self.lock();
         loop {
+            if s.syncing {
+                s = self
+                    .freed
+                    .wait_timeout(s, Duration::from_millis(200))
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+                continue;
+            }
             let now = Instant::now();
             let up: Vec<usize> = (0..self.urls.len())
                 .filter(|&i| Self::eligible(&s, i, now))
@@ -178,7 +222,7 @@ impl Pool {
                 .min_by_key(|&&i| (s.in_flight[i], i))
             {
                 s.in_flight[i] += 1;
-                return Some(i);
+                return Some((i, s.synced[i]));
             }
             s = self
                 .freed
@@ -227,10 +271,11 @@ impl Pool {
                     }
                     let r = match self.acquire() {
                         None => Err("no engine server is up".to_string()),
-                        Some(i) => {
+                        Some((i, version)) => {
                             let r = self.call(i, &reqs[k]);
                             self.release(i, &r);
-                            r.map_err(|e| format!("engine {}: {}", self.urls[i], e.message()))
+                            r.map(|reply| EngineReply { version, ..reply })
+                                .map_err(|e| format!("engine {}: {}", self.urls[i], e.message()))
                         }
                     };
                     out.lock().unwrap_or_else(|e| e.into_inner())[k] = Some(r);

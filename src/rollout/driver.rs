@@ -75,7 +75,8 @@ pub fn run(
         }
         let batch = turn_batch(&live, &idx, &hints, &fmt, opts)?;
         stats.prompt_tokens += batch.prompts.iter().map(Vec::len).sum::<usize>();
-        let gens: Vec<Result<Generated, String>> = match &opts.engine {
+        // With an engine, each answer's policy version too.
+        let gens: Vec<(Result<Generated, String>, Option<u64>)> = match &opts.engine {
             None => policy
                 .generate(
                     &batch.prompts,
@@ -88,12 +89,16 @@ pub fn run(
                     rng,
                 )?
                 .into_iter()
-                .map(Ok)
+                .map(|g| (Ok(g), None))
                 .collect(),
             Some(e) => engine_generate(e, &batch, &gen_opts, rng)?,
         };
         stats.generate_calls += 1;
-        stats.generated_tokens += gens.iter().flatten().map(|g| g.tokens.len()).sum::<usize>();
+        stats.generated_tokens += gens
+            .iter()
+            .filter_map(|(g, _)| g.as_ref().ok())
+            .map(|g| g.tokens.len())
+            .sum::<usize>();
         // The live episodes in `idx` order (idx lists the not-done ones).
         let turns = live
             .iter_mut()
@@ -102,11 +107,16 @@ pub fn run(
             .zip(batch.prompts.into_iter().zip(batch.unguided))
             .map(|((l, g), (p, u))| (l, g, p, u))
             .collect();
-        let applied = par_map(turns, opts.env_concurrency, &|(l, g, p, u)| match g {
-            Ok(g) => l.apply(g, p, u, &fmt, tok, opts),
-            Err(why) => {
-                l.fail_engine(why);
-                Ok(())
+        let applied = par_map(turns, opts.env_concurrency, &|(l, (g, v), p, u)| {
+            if let Some(v) = v {
+                l.generated_at(v);
+            }
+            match g {
+                Ok(g) => l.apply(g, p, u, &fmt, tok, opts),
+                Err(why) => {
+                    l.fail_engine(why);
+                    Ok(())
+                }
             }
         });
         applied.into_iter().collect::<Result<Vec<()>, _>>()?;
@@ -158,7 +168,7 @@ fn engine_generate(
     batch: &TurnBatch,
     o: &GenerateOptions,
     rng: &mut ChaCha8Rng,
-) -> Result<Vec<Result<Generated, String>>, RolloutError> {
+) -> Result<Vec<(Result<Generated, String>, Option<u64>)>, RolloutError> {
     let model = e.model_name();
     let seeds: Vec<u64> = batch.prompts.iter().map(|_| rng.random()).collect();
     let reqs: Vec<Request<'_>> = batch
@@ -180,12 +190,16 @@ fn engine_generate(
     let replies = e.pool().generate(&reqs).map_err(Box::new)?;
     Ok(replies
         .into_iter()
-        .map(|r| {
-            r.map(|r| Generated {
-                tokens: r.tokens,
-                logprobs: r.logprobs,
-                finished: r.finished,
-            })
+        .map(|r| match r {
+            Ok(r) => (
+                Ok(Generated {
+                    tokens: r.tokens,
+                    logprobs: r.logprobs,
+                    finished: r.finished,
+                }),
+                Some(r.version),
+            ),
+            Err(why) => (Err(why), None),
         })
         .collect())
 }

@@ -76,6 +76,11 @@ pub struct Episode {
     /// The failure was the engine's (a server died or timed out).
     #[serde(default)]
     pub engine_failed: bool,
+    /// On an engine: the oldest policy version any of its turns was
+    /// generated at (asynchronous rollouts train on it later; the run
+    /// drops episodes older than `rollout.async.max_staleness`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy_version: Option<u64>,
     /// Turns an intervention script hinted, and whether it stopped the
     /// episode.
     pub hints: usize,
@@ -333,6 +338,12 @@ impl<'a> Live<'a> {
     pub(super) fn fail(&mut self, e: EnvError) {
         self.ep.error = Some(e.to_string());
         self.done = true;
+    }
+
+    /// This turn was generated at policy `version` (on an engine).
+    pub(super) fn generated_at(&mut self, version: u64) {
+        let v = &mut self.ep.policy_version;
+        *v = Some(v.map_or(version, |o| o.min(version)));
     }
 
     /// The engine failed this turn's generation: the episode ends as a

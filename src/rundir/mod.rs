@@ -47,8 +47,8 @@ pub use jsonl::Record;
 pub use lock::RunLock;
 pub use records::{
     ComparisonManifest, EnvErrorLine, EvalLine, EvalTimes, ReloadLine, ResumeLine, RunKind,
-    SftEval, SftLine, StepBehaviour, StepEngine, StepGigpo, StepLine, StepRounds, StepTimes,
-    SuccessBreakdown,
+    SftEval, SftLine, StepAsync, StepBehaviour, StepEngine, StepGigpo, StepLine, StepRounds,
+    StepTimes, SuccessBreakdown,
 };
 
 /// The resolved experiment of a run.

@@ -142,6 +142,9 @@ pub struct StepLine {
     /// "gigpo").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gigpo: Option<StepGigpo>,
+    /// Asynchronous rollouts (written only with `rollout.async`).
+    #[serde(rename = "async", default, skip_serializing_if = "Option::is_none")]
+    pub async_rollouts: Option<StepAsync>,
     /// Generation on engine servers (written only with `rollout.engine`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub engine: Option<StepEngine>,
@@ -170,6 +173,23 @@ pub struct StepLine {
     pub state: BTreeMap<String, f64>,
     #[serde(default)]
     pub time: StepTimes,
+}
+
+/// `async` of a [`StepLine`]: how old the trained episodes were.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StepAsync {
+    /// The policy version this step trains (its weights before the update).
+    pub version: u64,
+    pub max_staleness: u64,
+    /// Training-group episodes by lag (versions behind `version`): index
+    /// 0 is on-policy, 1 one update behind, …
+    pub lag: Vec<usize>,
+    /// Episodes older than `max_staleness`: out of the update.
+    pub dropped: usize,
+    /// This step's rollouts were generated while the previous step
+    /// trained (false: after it, as in a synchronous run — the first step,
+    /// and each step after a checkpoint).
+    pub overlapped: bool,
 }
 
 /// `engine` of a [`StepLine`]: the behaviour mismatch, the weight sync

@@ -168,6 +168,27 @@ pub struct RolloutSection {
         skip_serializing_if = "Option::is_none"
     )]
     pub engine: Option<crate::inference::EngineSection>,
+    /// Asynchronous rollouts on the engine: step t+1's rollouts are
+    /// generated while step t trains (docs/DISTRIBUTED.md).
+    #[serde(rename = "async", skip_serializing_if = "Option::is_none")]
+    pub async_rollouts: Option<AsyncSection>,
+}
+
+/// `rollout.async`: overlap generation with training.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AsyncSection {
+    /// Episodes sampled more than this many policy versions before the
+    /// update that trains on them are dropped (and counted). With one step
+    /// of overlap an episode is at most 1 version old; 0 keeps only the
+    /// turns generated after the weight sync.
+    pub max_staleness: u64,
+}
+
+impl Default for AsyncSection {
+    fn default() -> Self {
+        AsyncSection { max_staleness: 1 }
+    }
 }
 
 impl Default for RolloutSection {
@@ -184,6 +205,7 @@ impl Default for RolloutSection {
             show_actions: true,
             format: PromptFormat::Plain,
             engine: None,
+            async_rollouts: None,
         }
     }
 }
@@ -344,6 +366,13 @@ fn check_name(file: &str, name: &str) -> Result<(), ConfigError> {
 /// Bounds are in [`ranges::RANGES`]; these are the rollout settings that
 /// need each other.
 fn check_rollout(file: &str, r: &RolloutSection) -> Result<(), ConfigError> {
+    if r.async_rollouts.is_some() && r.engine.is_none() {
+        return Err(invalid(
+            file,
+            "rollout.async overlaps engine generation with training: it needs rollout.engine \
+             (built-in generation shares the trainer's weights and cores)",
+        ));
+    }
     if let Some(e) = &r.engine {
         e.check().map_err(|m| invalid(file, &m))?;
         // Engines report log-probs of the raw distribution (temperature

@@ -90,6 +90,7 @@ pub(super) const RANGES: &[(&str, Range)] = &[
     ("rollout.engine.tis_cap", AtLeast(1.0)),
     ("rollout.engine.launch.count", AtLeast(1.0)),
     ("rollout.engine.launch.threads", AtLeast(1.0)),
+    ("rollout.async.max_staleness", AtLeast(0.0)),
     ("trainer.lr", Above(0.0)),
     ("trainer.weight_decay", AtLeast(0.0)),
     ("trainer.beta1", ClosedOpen(0.0, 1.0)),

@@ -12,6 +12,7 @@
 //! [`error`]. Every file the run writes goes through [`crate::rundir`].
 
 mod error;
+mod overlap;
 mod periodic_eval;
 mod phases;
 mod rank_worker;
@@ -205,6 +206,9 @@ struct Ctx {
     /// Compare every script with its file at the next step boundary, edit
     /// or not (set on resume).
     reload_pending: bool,
+    /// Asynchronous rollouts: the next step's, driven while this one
+    /// trained.
+    prefetched: Option<overlap::Prefetched>,
 }
 
 /// Tokens and clock of the steps this invocation ran (the summary's
@@ -479,7 +483,26 @@ pub fn run(
             break;
         }
         spec.begin_step();
-        one_step(&mut ctx, &kind, step, &make, &spec, &mut totals, on_event)?;
+        // Asynchronous rollouts drive the next step during this one,
+        // except before a checkpoint (which must not hold rollouts in
+        // flight) and after the last step.
+        let after = step + 1;
+        let ck = ctx.exp.checkpoint.every;
+        let drive_ahead = ctx.exp.rollout.async_rollouts.is_some()
+            && after < steps
+            && !(ck > 0 && after % ck == 0)
+            && opts.stop_after != Some(done_here + 1)
+            && !opts.interrupted();
+        one_step(
+            &mut ctx,
+            &kind,
+            step,
+            drive_ahead,
+            &make,
+            &spec,
+            &mut totals,
+            on_event,
+        )?;
         step += 1;
         done_here += 1;
         let every = ctx.exp.evaluation.every;
@@ -570,10 +593,12 @@ fn announce(
 
 /// One step of the run's kind: its line logged (metrics.jsonl or
 /// sft.jsonl, TensorBoard), the envs settled, the event sent.
+#[allow(clippy::too_many_arguments)]
 fn one_step(
     ctx: &mut Ctx,
     kind: &Kind,
     step: usize,
+    drive_ahead: bool,
     make: &dyn Fn(usize) -> Box<dyn Env>,
     spec: &EnvSpec,
     totals: &mut Totals,
@@ -581,7 +606,7 @@ fn one_step(
 ) -> Result<(), RunError> {
     match kind {
         Kind::Rl => {
-            let line = step::train_step(ctx, step, make, on_event)?;
+            let line = step::train_step(ctx, step, make, spec, drive_ahead, on_event)?;
             settle_envs(ctx, spec, step, None, on_event)?;
             totals.add(&line);
             let v = ctx.dir.append(&line)?;

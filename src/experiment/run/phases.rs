@@ -40,6 +40,12 @@ pub(super) struct Batch<'a> {
     pub env_failed: usize,
     /// Of those, the episodes the engine failed.
     pub engine_failed: usize,
+    /// Training-group episodes older than `rollout.async.max_staleness`
+    /// (not in `episodes`).
+    pub stale: usize,
+    /// Asynchronous rollouts: training-group episodes by lag (policy
+    /// versions behind the one trained), dropped ones included.
+    pub lag: Vec<usize>,
 }
 
 /// What the guidance script's update left.

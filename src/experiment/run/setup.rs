@@ -104,6 +104,7 @@ fn open(
             _lock: lock,
             watcher,
             ranks: None,
+            prefetched: None,
             exp,
             dir,
             train,

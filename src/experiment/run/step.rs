@@ -11,13 +11,14 @@ use std::time::Instant;
 
 use rand_chacha::ChaCha8Rng;
 
+use super::overlap;
 use super::phases::{Batch, Driven, Update};
 use super::ranks::{Local, Ranks};
 use super::script_views::{episode_view, task_view};
 use super::step_line::step_line;
 use super::timings::{Phase, Timings};
 use super::{log_reload, reload_if_edited, Ctx, Event, RunError};
-use crate::env::{Env, Task};
+use crate::env::{Env, EnvSpec, Task};
 use crate::experiment::config::Experiment;
 use crate::experiment::metrics::round;
 use crate::guidance::rounds::{drive, DriveReport, Request, TaskRounds};
@@ -26,7 +27,7 @@ use crate::guidance::{GuidanceRuntime, TaskResult, TaskView};
 use crate::inference::Engine;
 use crate::model::{Policy, Tok};
 use crate::rollout::{self, Episode, EpisodeRequest, RolloutError, RolloutOptions};
-use crate::rundir::{EnvErrorLine, StepBehaviour, StepEngine, StepLine};
+use crate::rundir::{EnvErrorLine, StepAsync, StepBehaviour, StepEngine, StepLine};
 use crate::script::ScriptError;
 use crate::seed;
 use crate::train::{
@@ -34,36 +35,69 @@ use crate::train::{
 };
 
 /// Run one training step; returns its metrics line.
+/// With `prefetch_next` (asynchronous rollouts), the next step's rollouts
+/// are driven while this step trains.
 pub(super) fn train_step(
     ctx: &mut Ctx,
     step: usize,
     make: &dyn Fn(usize) -> Box<dyn Env>,
+    spec: &EnvSpec,
+    prefetch_next: bool,
     on_event: &mut dyn FnMut(Event),
 ) -> Result<StepLine, RunError> {
     let timings = Timings::start();
-    let task_idx = seed::tasks_for_step(
-        ctx.exp.seed,
-        ctx.train.len(),
-        ctx.exp.rollout.tasks_per_step,
-        step,
-    );
-    reload_if_edited(ctx, step, &task_idx, on_event)?;
-    let views: Vec<TaskView> = task_idx
-        .iter()
-        .map(|&ti| task_view(ctx, &ctx.train[ti], step))
-        .collect();
-    let driven = drive_rollouts(ctx, step, &task_idx, &views, make, &timings, on_event)?;
-    let batch = build_batch(&ctx.train, &ctx.exp, &task_idx, &driven.groups);
-    let (tstats, engine, bf16) = train(
-        &mut ctx.trainer,
-        &ctx.policy,
-        &ctx.exp,
-        step,
-        &batch,
-        &timings,
-        ctx.ranks.as_ref(),
-        ctx.ropts.engine.as_deref(),
-    )?;
+    // Under `rollout.async`, the previous step may have driven this one's
+    // rollouts while it trained.
+    let (task_idx, views, driven, overlapped) = match ctx.prefetched.take() {
+        Some(p) if p.step == step => p.take(&timings, on_event),
+        _ => {
+            let (task_idx, views) = step_tasks(ctx, step, on_event)?;
+            let parts = DriveParts::of(ctx);
+            let driven = drive_rollouts(parts, step, &task_idx, &views, make, &timings, on_event)?;
+            (task_idx, views, driven, false)
+        }
+    };
+    let lag = overlap::lag_limit(ctx);
+    // The next step's boundary (its hot-reload check) comes before its
+    // plan, which runs beside this step's update.
+    let next = match prefetch_next {
+        true => Some(step_tasks(ctx, step + 1, on_event)?),
+        false => None,
+    };
+    let batch = build_batch(&ctx.train, &ctx.exp, &task_idx, &driven.groups, lag);
+    let (tstats, engine, bf16) = if let Some((next_idx, next_views)) = next {
+        let parts = DriveParts {
+            runtime: &mut ctx.runtime,
+            train: &ctx.train,
+            policy: &ctx.policy,
+            tok: &ctx.tok,
+            ropts: &ctx.ropts,
+            exp: &ctx.exp,
+            ranks: ctx.ranks.as_ref(),
+        };
+        let (trained, prefetched) = overlap::train_beside_next_drive(
+            parts,
+            &mut ctx.trainer,
+            step,
+            &batch,
+            &timings,
+            spec,
+            (next_idx, next_views),
+        )?;
+        ctx.prefetched = Some(prefetched);
+        trained
+    } else {
+        train(
+            &mut ctx.trainer,
+            &ctx.policy,
+            &ctx.exp,
+            step,
+            &batch,
+            &timings,
+            ctx.ranks.as_ref(),
+            ctx.ropts.engine.as_deref(),
+        )?
+    };
     let results = task_results(&views, &driven.groups);
     let update = update_script(
         &mut ctx.runtime,
@@ -76,6 +110,13 @@ pub(super) fn train_step(
     let mut line = step_line(ctx, step, &driven, &batch, &tstats, &update, &timings);
     line.engine = engine;
     line.rollout_bf16 = bf16;
+    line.async_rollouts = lag.map(|(version, max_staleness)| StepAsync {
+        version,
+        max_staleness,
+        lag: batch.lag.clone(),
+        dropped: batch.stale,
+        overlapped,
+    });
     for r in &update.reverts {
         log_reload(ctx, step, r, on_event)?;
     }
@@ -84,10 +125,57 @@ pub(super) fn train_step(
     Ok(line)
 }
 
+/// What driving a step's rollouts reads and writes of the run (apart, so
+/// that the next step's drive can run beside this step's update).
+pub(super) struct DriveParts<'a> {
+    pub(super) runtime: &'a mut GuidanceRuntime,
+    pub(super) train: &'a [Task],
+    pub(super) policy: &'a Policy,
+    pub(super) tok: &'a Tok,
+    pub(super) ropts: &'a RolloutOptions,
+    pub(super) exp: &'a Experiment,
+    pub(super) ranks: Option<&'a Ranks>,
+}
+
+impl<'a> DriveParts<'a> {
+    fn of(ctx: &'a mut Ctx) -> Self {
+        DriveParts {
+            runtime: &mut ctx.runtime,
+            train: &ctx.train,
+            policy: &ctx.policy,
+            tok: &ctx.tok,
+            ropts: &ctx.ropts,
+            exp: &ctx.exp,
+            ranks: ctx.ranks.as_ref(),
+        }
+    }
+}
+
+/// The step's tasks (train-panel indices) and their views, after the
+/// scripts' hot-reload check at the step boundary.
+pub(super) fn step_tasks(
+    ctx: &mut Ctx,
+    step: usize,
+    on_event: &mut dyn FnMut(Event),
+) -> Result<(Vec<usize>, Vec<TaskView>), RunError> {
+    let task_idx = seed::tasks_for_step(
+        ctx.exp.seed,
+        ctx.train.len(),
+        ctx.exp.rollout.tasks_per_step,
+        step,
+    );
+    reload_if_edited(ctx, step, &task_idx, on_event)?;
+    let views: Vec<TaskView> = task_idx
+        .iter()
+        .map(|&ti| task_view(ctx, &ctx.train[ti], step))
+        .collect();
+    Ok((task_idx, views))
+}
+
 /// Plan, rollouts and review rounds; every round of every task is one
 /// batched rollout call.
-fn drive_rollouts(
-    ctx: &mut Ctx,
+pub(super) fn drive_rollouts(
+    parts: DriveParts<'_>,
     step: usize,
     task_idx: &[usize],
     views: &[TaskView],
@@ -96,7 +184,7 @@ fn drive_rollouts(
     on_event: &mut dyn FnMut(Event),
 ) -> Result<Driven, RunError> {
     let _drive = timings.mark(Phase::Drive);
-    let Ctx {
+    let DriveParts {
         runtime,
         train,
         policy,
@@ -104,8 +192,7 @@ fn drive_rollouts(
         ropts,
         exp,
         ranks,
-        ..
-    } = ctx;
+    } = parts;
     let mut ex = Executor {
         policy,
         tok,
@@ -114,7 +201,7 @@ fn drive_rollouts(
         tasks: task_idx.iter().map(|&ti| &train[ti]).collect(),
         train,
         task_idx,
-        ranks: ranks.as_ref(),
+        ranks,
         seed: exp.seed,
         step,
         calls: 0,
@@ -277,23 +364,45 @@ impl Executor<'_> {
     }
 }
 
-fn build_batch<'a>(
+/// The training batch. `lag`: (the policy version being trained, the
+/// largest lag kept) under asynchronous rollouts; older episodes leave
+/// the batch like failed ones, counted in `stale`.
+pub(super) fn build_batch<'a>(
     train: &'a [Task],
     exp: &Experiment,
     task_idx: &[usize],
     groups: &[TaskRounds<Episode>],
+    lag: Option<(u64, u64)>,
 ) -> Batch<'a> {
     let mut tasks: Vec<&Task> = Vec::new();
     let mut episodes: Vec<Episode> = Vec::new();
     let mut group_sizes = Vec::new();
     let mut env_failed = 0usize;
     let mut engine_failed = 0usize;
+    let mut stale = 0usize;
+    let mut lags: Vec<usize> = Vec::new();
     for (&ti, g) in task_idx.iter().zip(groups) {
         // Episodes the env failed say nothing about the policy: they leave
         // the group before advantages (and success) are computed.
         let (ok, failed): (Vec<_>, Vec<_>) = g.training().partition(|r| r.ep.error.is_none());
         env_failed += failed.len();
         engine_failed += failed.iter().filter(|r| r.ep.engine_failed).count();
+        let ok: Vec<_> = match lag {
+            None => ok,
+            Some((version, max)) => ok
+                .into_iter()
+                .filter(|r| {
+                    let l = version.saturating_sub(r.ep.policy_version.unwrap_or(version)) as usize;
+                    if lags.len() <= l {
+                        lags.resize(l + 1, 0);
+                    }
+                    lags[l] += 1;
+                    let keep = l as u64 <= max;
+                    stale += usize::from(!keep);
+                    keep
+                })
+                .collect(),
+        };
         group_sizes.push(ok.len());
         for r in ok {
             tasks.push(&train[ti]);
@@ -314,6 +423,8 @@ fn build_batch<'a>(
         task_count: task_idx.len(),
         env_failed,
         engine_failed,
+        stale,
+        lag: lags,
     }
 }
 
@@ -342,7 +453,7 @@ const BF16_TIS_CAP: f64 = 2.0;
 /// the behaviour correction before it (and with an engine the weight sync
 /// after it).
 #[allow(clippy::too_many_arguments)]
-fn train(
+pub(super) fn train(
     trainer: &mut Trainer,
     policy: &Policy,
     exp: &Experiment,

@@ -100,6 +100,7 @@ pub(super) fn step_line(
         env_info: env_info(episodes),
         // Filled in by the step after the weight sync.
         engine: None,
+        async_rollouts: None,
         rollout_bf16: None,
         gigpo: batch.anchors.map(|a| StepGigpo {
             anchor_groups: Some(a.shared_groups),
