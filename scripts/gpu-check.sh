@@ -40,6 +40,21 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv
 cap="$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d '. ')"
 export CUDA_COMPUTE_CAP="${CUDA_COMPUTE_CAP:-$cap}"
 
+# The CUDA libraries candle opens at run time (vendor/README.md): those of
+# this machine's PyTorch wheels (nvidia-* packages), when present, with a
+# libnccl.so beside NCCL's libnccl.so.2.
+libs="$OUTDIR/cuda-libs"
+mkdir -p "$libs"
+for d in $(python3 -c 'import nvidia, os
+for p in nvidia.__path__:
+    for root, dirs, files in os.walk(p):
+        if any(f.startswith("lib") and ".so" in f for f in files):
+            print(root)' 2>/dev/null); do
+    LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    [ -e "$d/libnccl.so.2" ] && ln -sf "$d/libnccl.so.2" "$libs/libnccl.so"
+done
+export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
 # 1. Build.
 BIN="${ACTGUIDE_BIN:-}"
 TESTS="${ACTGUIDE_CUDA_TESTS:-}"
@@ -125,7 +140,7 @@ print("; ".join("B=%d decode %.0f tok/s, train %.0f tok/s" % (x["batch"], x["dec
             if "$BIN" run "$dp" --devices cuda:0,cuda:1 --plain 2>&1 | tee "$OUTDIR/dp-run.log" | tail -8; then
                 note "data-parallel on 2 GPUs" "ok" "$(grep -E 'throughput|wall time' "$OUTDIR/dp-run.log" | tr -s ' ' | paste -sd ';') ($(elapsed "$t") s)"
             else
-                note "data-parallel on 2 GPUs" "FAILED" "$OUTDIR/dp-run.log (needs libnccl.so.2: pip install nvidia-nccl-cu12, on LD_LIBRARY_PATH)"
+                note "data-parallel on 2 GPUs" "FAILED" "$OUTDIR/dp-run.log (needs NCCL: pip install nvidia-nccl-cu13, on LD_LIBRARY_PATH)"
             fi
         else
             note "data-parallel on 2 GPUs" "skipped" "$gpus GPU(s) here"

@@ -14,10 +14,13 @@
 //! 1. flags: `--nodes N --node-rank R --rendezvous HOST:PORT`;
 //! 2. torchrun and its kin (accelerate, deepspeed): `WORLD_SIZE`, `RANK`,
 //!    `MASTER_ADDR`, `MASTER_PORT`, `LOCAL_RANK`;
-//! 3. Slurm (`srun`): `SLURM_NTASKS`, `SLURM_PROCID`, `SLURM_LOCALID`, and
+//! 3. Slurm (`srun`): `SLURM_STEP_NUM_TASKS`, `SLURM_PROCID`,
+//!    `SLURM_LOCALID`, and
 //!    rank 0's host from `MASTER_ADDR` or the first host of
 //!    `SLURM_JOB_NODELIST` (`SLURM_NODELIST`), the port from `MASTER_PORT`
-//!    or [`DEFAULT_PORT`].
+//!    or [`DEFAULT_PORT`]. Only `srun` sets `SLURM_STEP_NUM_TASKS`: a batch
+//!    script's own `SLURM_NTASKS`/`SLURM_PROCID` (an `sbatch --ntasks 4`
+//!    running one `actguide run`) do not make it a node of four.
 //!
 //! One node (or none of these set) is the one-machine run of `--devices`.
 
@@ -57,7 +60,7 @@ impl fmt::Display for LaunchSource {
         f.write_str(match self {
             LaunchSource::Flags => "--nodes/--node-rank/--rendezvous",
             LaunchSource::Torchrun => "WORLD_SIZE/RANK/MASTER_ADDR/MASTER_PORT",
-            LaunchSource::Slurm => "SLURM_NTASKS/SLURM_PROCID",
+            LaunchSource::Slurm => "SLURM_STEP_NUM_TASKS/SLURM_PROCID",
         })
     }
 }
@@ -87,7 +90,7 @@ pub fn resolve(
     if var("WORLD_SIZE").is_some() || var("RANK").is_some() {
         return from_torchrun(var);
     }
-    if var("SLURM_NTASKS").is_some() && var("SLURM_PROCID").is_some() {
+    if var("SLURM_STEP_NUM_TASKS").is_some() && var("SLURM_PROCID").is_some() {
         return from_slurm(var);
     }
     Ok(None)
@@ -154,9 +157,9 @@ fn from_torchrun(var: &dyn Fn(&str) -> Option<String>) -> Result<Option<Launch>,
 }
 
 fn from_slurm(var: &dyn Fn(&str) -> Option<String>) -> Result<Option<Launch>, LaunchError> {
-    let nodes = number(var, "SLURM_NTASKS")?;
+    let nodes = number(var, "SLURM_STEP_NUM_TASKS")?;
     let node = number(var, "SLURM_PROCID")?;
-    position(nodes, node, "SLURM_NTASKS", "SLURM_PROCID")?;
+    position(nodes, node, "SLURM_STEP_NUM_TASKS", "SLURM_PROCID")?;
     if nodes == 1 {
         return Ok(None);
     }
@@ -404,7 +407,7 @@ mod tests {
         let l = resolve(
             &none(),
             &env(&[
-                ("SLURM_NTASKS", "3"),
+                ("SLURM_STEP_NUM_TASKS", "3"),
                 ("SLURM_PROCID", "1"),
                 ("SLURM_LOCALID", "0"),
                 ("SLURM_JOB_NODELIST", "gpu[07-09]"),
@@ -419,7 +422,7 @@ mod tests {
         let l = resolve(
             &none(),
             &env(&[
-                ("SLURM_NTASKS", "2"),
+                ("SLURM_STEP_NUM_TASKS", "2"),
                 ("SLURM_PROCID", "0"),
                 ("SLURM_NODELIST", "a,b"),
                 ("MASTER_ADDR", "b"),
@@ -429,6 +432,13 @@ mod tests {
         .unwrap()
         .unwrap();
         assert_eq!(l.rendezvous, "b:7000");
+        // A batch script's own variables (no srun step): one node.
+        let batch = env(&[
+            ("SLURM_NTASKS", "4"),
+            ("SLURM_PROCID", "0"),
+            ("SLURM_JOB_NODELIST", "gpu[01-04]"),
+        ]);
+        assert_eq!(resolve(&none(), &batch).unwrap(), None);
     }
 
     #[test]
@@ -514,12 +524,12 @@ mod tests {
             ),
             (
                 none(),
-                vec![("SLURM_NTASKS", "2"), ("SLURM_PROCID", "5")],
+                vec![("SLURM_STEP_NUM_TASKS", "2"), ("SLURM_PROCID", "5")],
                 "SLURM_PROCID=5 is outside 0..2",
             ),
             (
                 none(),
-                vec![("SLURM_NTASKS", "2"), ("SLURM_PROCID", "1")],
+                vec![("SLURM_STEP_NUM_TASKS", "2"), ("SLURM_PROCID", "1")],
                 "SLURM_JOB_NODELIST",
             ),
         ];

@@ -99,6 +99,16 @@ impl DeviceSpec {
                         "device \"{name}\" needs a build with `--features cuda`"
                     )));
                 }
+                // The driver is opened at run time (vendor/README.md):
+                // without it cudarc would panic at the first call.
+                #[cfg(feature = "cuda")]
+                // SAFETY: only tries to open the driver library.
+                if !unsafe { candle_core::cuda::cudarc::driver::sys::is_culib_present() } {
+                    return Err(ModelError::InvalidConfig(format!(
+                        "device \"{name}\": no NVIDIA driver here (libcuda.so.1 is not on the \
+                         library path)"
+                    )));
+                }
                 Device::new_cuda(n).map_err(|e| {
                     ModelError::InvalidConfig(format!("device \"{name}\" cannot be opened: {e}"))
                 })

@@ -76,7 +76,7 @@ pub fn run(
         let batch = turn_batch(&live, &idx, &hints, &fmt, opts)?;
         stats.prompt_tokens += batch.prompts.iter().map(Vec::len).sum::<usize>();
         // With an engine, each answer's policy version too.
-        let gens: Vec<(Result<Generated, String>, Option<u64>)> = match &opts.engine {
+        let gens: Vec<Answer> = match &opts.engine {
             None => policy
                 .generate(
                     &batch.prompts,
@@ -160,6 +160,10 @@ fn intervene_all(
         .collect()
 }
 
+/// One episode's generation of a turn (or why it failed), and the policy
+/// version it came from (engines only).
+type Answer = (Result<Generated, String>, Option<u64>);
+
 /// The turn's generations on the engine: one request per live episode
 /// (its prompt, its admissible answers when constrained, a seed from
 /// `rng`); a failed request is that episode's failure.
@@ -168,7 +172,7 @@ fn engine_generate(
     batch: &TurnBatch,
     o: &GenerateOptions,
     rng: &mut ChaCha8Rng,
-) -> Result<Vec<(Result<Generated, String>, Option<u64>)>, RolloutError> {
+) -> Result<Vec<Answer>, RolloutError> {
     let model = e.model_name();
     let seeds: Vec<u64> = batch.prompts.iter().map(|_| rng.random()).collect();
     let reqs: Vec<Request<'_>> = batch

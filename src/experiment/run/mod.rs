@@ -458,6 +458,16 @@ pub fn run(
         return Err(e);
     }
     if opts.data_parallel() {
+        if let Some(l) = &opts.launch {
+            // The join can take long (other nodes start later): say why.
+            on_event(Event::Log(format!(
+                "node 0 of {} (from {}): waiting up to {} s for the other nodes at {}",
+                l.nodes,
+                l.source,
+                opts.join_timeout.unwrap_or(JOIN_TIMEOUT).as_secs(),
+                l.rendezvous
+            )));
+        }
         let r = ranks::Ranks::start(&mut ctx, opts)?;
         on_event(Event::Log(r.describe()));
         ctx.ranks = Some(r);
