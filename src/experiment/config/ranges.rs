@@ -174,7 +174,7 @@ mod tests {
     env: #{ train: "a.jsonl", test: "b.jsonl", step_slack: 2 },
     guidance: #{ script: "g.rhai" },
     rollout: #{ format: "chat", engine: #{ kind: "openai", api: "llama.cpp",
-        launch: #{ program: "llama-server" } } },
+        launch: #{ program: "llama-server" } }, "async": #{ max_staleness: 1 } },
     trainer: #{ lr: 0.001 },
     evaluation: #{ every: 5 },
     sft: #{ max_expert_len: 4 },

@@ -19,15 +19,10 @@
 //! weight sync depends on timing: asynchronous runs are not reproducible
 //! to the bit, unlike synchronous ones.
 
-use super::phases::{Batch, Driven};
-use super::step::{drive_rollouts, train, DriveParts};
+use super::phases::Driven;
 use super::timings::{Phase, Timings};
-use super::{Ctx, Event, RunError};
-use crate::env::{make_env, Env, EnvSpec};
+use super::{Ctx, Event};
 use crate::guidance::TaskView;
-use crate::rundir::{StepBehaviour, StepEngine};
-use crate::train::TrainStats;
-use crate::train::Trainer;
 
 /// A step's rollouts, driven while the previous step trained.
 pub(super) struct Prefetched {
@@ -44,6 +39,23 @@ pub(super) struct Prefetched {
 const DRIVE_PHASES: [Phase; 3] = [Phase::Drive, Phase::Execute, Phase::Generate];
 
 impl Prefetched {
+    pub(super) fn new(
+        step: usize,
+        (task_idx, views): (Vec<usize>, Vec<TaskView>),
+        driven: Driven,
+        events: Vec<Event>,
+        secs: [f64; 3],
+    ) -> Self {
+        Prefetched {
+            step,
+            task_idx,
+            views,
+            driven,
+            events,
+            secs,
+        }
+    }
+
     /// The step's tasks, views and rollouts; its drive's events are told
     /// and its clock added to the step's.
     pub(super) fn take(
@@ -69,57 +81,24 @@ pub(super) fn lag_limit(ctx: &Ctx) -> Option<(u64, u64)> {
     Some((e.pool().version(), a.max_staleness))
 }
 
-type Trained = (TrainStats, Option<StepEngine>, Option<StepBehaviour>);
-
-/// Step `step`'s update on `batch`, with step `step + 1`'s rollouts
-/// (its tasks and views given) driven beside it.
-pub(super) fn train_beside_next_drive(
-    parts: DriveParts<'_>,
-    trainer: &mut Trainer,
-    step: usize,
-    batch: &Batch,
-    timings: &Timings,
-    spec: &EnvSpec,
-    (task_idx, views): (Vec<usize>, Vec<TaskView>),
-) -> Result<(Trained, Prefetched), RunError> {
-    let next = step + 1;
-    let (policy, exp, ranks) = (parts.policy, parts.exp, parts.ranks);
-    let engine = parts.ropts.engine.clone();
-    let (trained, drove) = std::thread::scope(|s| {
-        let (task_idx, views) = (&task_idx, &views);
-        let drive = s.spawn(move || {
+/// Run `update` on this thread and `drive` on a second one at the same
+/// time. The drive gets its own clock and collects its events (told when
+/// its step runs); returns the update's result, the drive's, its events
+/// and its phase seconds.
+pub(super) fn beside<D: Send, U>(
+    drive: impl FnOnce(&Timings, &mut dyn FnMut(Event)) -> D + Send,
+    update: impl FnOnce() -> U,
+) -> (U, D, Vec<Event>, [f64; 3]) {
+    std::thread::scope(|s| {
+        let h = s.spawn(move || {
             let clock = Timings::start();
             let mut events = Vec::new();
-            let make = |limit: usize| -> Box<dyn Env> { make_env(spec, limit) };
-            let d = drive_rollouts(parts, next, task_idx, views, &make, &clock, &mut |e| {
-                events.push(e)
-            });
+            let d = drive(&clock, &mut |e| events.push(e));
             (d, events, DRIVE_PHASES.map(|p| clock.secs(p)))
         });
-        let trained = train(
-            trainer,
-            policy,
-            exp,
-            step,
-            batch,
-            timings,
-            ranks,
-            engine.as_deref(),
-        );
-        (trained, drive.join())
-    });
-    let trained = trained?;
-    // A panic there is a panic here, as in a synchronous step.
-    let (driven, events, secs) = drove.unwrap_or_else(|e| std::panic::resume_unwind(e));
-    Ok((
-        trained,
-        Prefetched {
-            step: next,
-            task_idx,
-            views,
-            driven: driven?,
-            events,
-            secs,
-        },
-    ))
+        let u = update();
+        // A panic there is a panic here, as in a synchronous step.
+        let (d, events, secs) = h.join().unwrap_or_else(|e| std::panic::resume_unwind(e));
+        (u, d, events, secs)
+    })
 }

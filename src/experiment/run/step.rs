@@ -18,7 +18,7 @@ use super::script_views::{episode_view, task_view};
 use super::step_line::step_line;
 use super::timings::{Phase, Timings};
 use super::{log_reload, reload_if_edited, Ctx, Event, RunError};
-use crate::env::{Env, EnvSpec, Task};
+use crate::env::{make_env, Env, EnvSpec, Task};
 use crate::experiment::config::Experiment;
 use crate::experiment::metrics::round;
 use crate::guidance::rounds::{drive, DriveReport, Request, TaskRounds};
@@ -75,16 +75,29 @@ pub(super) fn train_step(
             exp: &ctx.exp,
             ranks: ctx.ranks.as_ref(),
         };
-        let (trained, prefetched) = overlap::train_beside_next_drive(
-            parts,
-            &mut ctx.trainer,
-            step,
-            &batch,
-            &timings,
-            spec,
-            (next_idx, next_views),
-        )?;
-        ctx.prefetched = Some(prefetched);
+        let (policy, exp, ranks) = (&ctx.policy, &ctx.exp, ctx.ranks.as_ref());
+        let engine = ctx.ropts.engine.clone();
+        let trainer = &mut ctx.trainer;
+        let (idx, views) = (&next_idx, &next_views);
+        let (trained, driven, events, secs) = overlap::beside(
+            move |clock, on_ev| {
+                let make = |limit: usize| -> Box<dyn Env> { make_env(spec, limit) };
+                drive_rollouts(parts, step + 1, idx, views, &make, clock, on_ev)
+            },
+            || {
+                let e = engine.as_deref();
+                train(trainer, policy, exp, step, &batch, &timings, ranks, e)
+            },
+        );
+        let trained = trained?;
+        let next = (next_idx, next_views);
+        ctx.prefetched = Some(overlap::Prefetched::new(
+            step + 1,
+            next,
+            driven?,
+            events,
+            secs,
+        ));
         trained
     } else {
         train(
@@ -127,14 +140,14 @@ pub(super) fn train_step(
 
 /// What driving a step's rollouts reads and writes of the run (apart, so
 /// that the next step's drive can run beside this step's update).
-pub(super) struct DriveParts<'a> {
-    pub(super) runtime: &'a mut GuidanceRuntime,
-    pub(super) train: &'a [Task],
-    pub(super) policy: &'a Policy,
-    pub(super) tok: &'a Tok,
-    pub(super) ropts: &'a RolloutOptions,
-    pub(super) exp: &'a Experiment,
-    pub(super) ranks: Option<&'a Ranks>,
+struct DriveParts<'a> {
+    runtime: &'a mut GuidanceRuntime,
+    train: &'a [Task],
+    policy: &'a Policy,
+    tok: &'a Tok,
+    ropts: &'a RolloutOptions,
+    exp: &'a Experiment,
+    ranks: Option<&'a Ranks>,
 }
 
 impl<'a> DriveParts<'a> {
@@ -153,7 +166,7 @@ impl<'a> DriveParts<'a> {
 
 /// The step's tasks (train-panel indices) and their views, after the
 /// scripts' hot-reload check at the step boundary.
-pub(super) fn step_tasks(
+fn step_tasks(
     ctx: &mut Ctx,
     step: usize,
     on_event: &mut dyn FnMut(Event),
@@ -174,7 +187,7 @@ pub(super) fn step_tasks(
 
 /// Plan, rollouts and review rounds; every round of every task is one
 /// batched rollout call.
-pub(super) fn drive_rollouts(
+fn drive_rollouts(
     parts: DriveParts<'_>,
     step: usize,
     task_idx: &[usize],
@@ -367,7 +380,7 @@ impl Executor<'_> {
 /// The training batch. `lag`: (the policy version being trained, the
 /// largest lag kept) under asynchronous rollouts; older episodes leave
 /// the batch like failed ones, counted in `stale`.
-pub(super) fn build_batch<'a>(
+fn build_batch<'a>(
     train: &'a [Task],
     exp: &Experiment,
     task_idx: &[usize],
@@ -453,7 +466,7 @@ const BF16_TIS_CAP: f64 = 2.0;
 /// the behaviour correction before it (and with an engine the weight sync
 /// after it).
 #[allow(clippy::too_many_arguments)]
-pub(super) fn train(
+fn train(
     trainer: &mut Trainer,
     policy: &Policy,
     exp: &Experiment,
