@@ -431,16 +431,7 @@ pub fn run(
     on_event: &mut dyn FnMut(Event),
 ) -> Result<RunSummary, RunError> {
     let t_start = Instant::now();
-    let mut exp = exp;
-    if opts.data_parallel() {
-        if !opts.kind.is_rl() {
-            return Err(RunError::Sft(
-                "data-parallel devices are for RL runs; an SFT run trains on one device".into(),
-            ));
-        }
-        ranks::check(&exp, &opts.devices)?;
-        exp.model.device = ranks::rank0_device(&exp, opts);
-    }
+    let exp = place_rank0(exp, opts)?;
     let (mut ctx, kind, start_step, warnings) = setup::setup(exp, opts)?;
     let steps = ctx.exp.steps;
     announce(&ctx, &kind, start_step, warnings, on_event);
@@ -458,19 +449,7 @@ pub fn run(
         return Err(e);
     }
     if opts.data_parallel() {
-        if let Some(l) = &opts.launch {
-            // The join can take long (other nodes start later): say why.
-            on_event(Event::Log(format!(
-                "node 0 of {} (from {}): waiting up to {} s for the other nodes at {}",
-                l.nodes,
-                l.source,
-                opts.join_timeout.unwrap_or(JOIN_TIMEOUT).as_secs(),
-                l.rendezvous
-            )));
-        }
-        let r = ranks::Ranks::start(&mut ctx, opts)?;
-        on_event(Event::Log(r.describe()));
-        ctx.ranks = Some(r);
+        start_ranks(&mut ctx, opts, on_event)?;
     }
     // RL evaluates its unguided policy as it goes (from step 0); SFT on its
     // own tasks once, at the end.
@@ -495,14 +474,9 @@ pub fn run(
         spec.begin_step();
         // Asynchronous rollouts drive the next step during this one,
         // except before a checkpoint (which must not hold rollouts in
-        // flight) and after the last step.
-        let after = step + 1;
-        let ck = ctx.exp.checkpoint.every;
+        // flight; the last step has one).
         let drive_ahead = ctx.exp.rollout.async_rollouts.is_some()
-            && after < steps
-            && !(ck > 0 && after % ck == 0)
-            && opts.stop_after != Some(done_here + 1)
-            && !opts.interrupted();
+            && !checkpoint_due(&ctx, opts, step + 1, done_here + 1);
         one_step(
             &mut ctx,
             &kind,
@@ -521,16 +495,9 @@ pub fn run(
             run_eval(&mut ctx, step, &make, on_event)?;
             settle_envs(&ctx, &spec, step, Some("test"), on_event)?;
         }
-        let ck = ctx.exp.checkpoint.every;
-        // An interrupt stops here, with a checkpoint off the schedule too;
-        // so does --stop-after (the run is meant to be resumed).
         let interrupt = opts.interrupted() && step < steps;
-        let stopping = opts.stop_after == Some(done_here);
-        if interrupt || stopping || step == steps || (ck > 0 && step % ck == 0) {
+        if checkpoint_due(&ctx, opts, step, done_here) {
             let dir = save_checkpoint(&ctx, kind.of(), step)?;
-            if let Some(r) = &ctx.ranks {
-                r.agree(&ctx.policy, &dir)?;
-            }
             on_event(Event::Checkpoint(dir));
         }
         if interrupt {
@@ -573,6 +540,55 @@ pub fn run(
         own_success,
         model,
     })
+}
+
+/// Whether a checkpoint follows step boundary `step` (steps done), with
+/// `done_here` of them run by this invocation: on the schedule, at the
+/// end, and, off the schedule, at an interrupt or at --stop-after (the
+/// run is meant to be resumed).
+fn checkpoint_due(ctx: &Ctx, opts: &RunOptions, step: usize, done_here: usize) -> bool {
+    let (ck, steps) = (ctx.exp.checkpoint.every, ctx.exp.steps);
+    let interrupt = opts.interrupted() && step < steps;
+    interrupt
+        || opts.stop_after == Some(done_here)
+        || step >= steps
+        || (ck > 0 && step.is_multiple_of(ck))
+}
+
+/// A data-parallel run's checks, and rank 0's device on `exp`.
+fn place_rank0(mut exp: Experiment, opts: &RunOptions) -> Result<Experiment, RunError> {
+    if opts.data_parallel() {
+        if !opts.kind.is_rl() {
+            return Err(RunError::Sft(
+                "data-parallel devices are for RL runs; an SFT run trains on one device".into(),
+            ));
+        }
+        ranks::check(&exp, &opts.devices)?;
+        exp.model.device = ranks::rank0_device(&exp, opts);
+    }
+    Ok(exp)
+}
+
+/// Start the run's other ranks (and nodes), and say so.
+fn start_ranks(
+    ctx: &mut Ctx,
+    opts: &RunOptions,
+    on_event: &mut dyn FnMut(Event),
+) -> Result<(), RunError> {
+    if let Some(l) = &opts.launch {
+        // The join can take long (other nodes start later): say why.
+        on_event(Event::Log(format!(
+            "node 0 of {} (from {}): waiting up to {} s for the other nodes at {}",
+            l.nodes,
+            l.source,
+            opts.join_timeout.unwrap_or(JOIN_TIMEOUT).as_secs(),
+            l.rendezvous
+        )));
+    }
+    let r = ranks::Ranks::start(ctx, opts)?;
+    on_event(Event::Log(r.describe()));
+    ctx.ranks = Some(r);
+    Ok(())
 }
 
 /// The run's opening events: what it is, the CPU matmul path, the
@@ -683,14 +699,19 @@ fn save_checkpoint(ctx: &Ctx, kind: RunKind, step: usize) -> Result<PathBuf, Run
         experiment: serde_json::to_value(&ctx.exp).ok(),
         kind,
     };
-    super::models::save_checkpoint(
+    let dir = super::models::save_checkpoint(
         ctx.dir.path(),
         &state,
         &ctx.exp,
         &ctx.src,
         &ctx.policy,
         &ctx.trainer,
-    )
+    )?;
+    // The ranks never send weights: their digests show they agree.
+    if let Some(r) = &ctx.ranks {
+        r.agree(&ctx.policy, &dir)?;
+    }
+    Ok(dir)
 }
 
 /// After a step or an evaluation (`eval`: its panel): the notice of a
