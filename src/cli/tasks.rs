@@ -60,6 +60,18 @@ struct SelectArgs {
     /// Then only the first N (file order).
     #[arg(value_parser = super::ranges::at_least(1), long)]
     first: Option<usize>,
+    /// Set KEY in every kept task's world to a JSON value (e.g.
+    /// `reveal=true` for household; the env checks the world when a run
+    /// starts). Repeatable.
+    #[arg(long, value_name = "KEY=JSON")]
+    world_set: Vec<String>,
+    /// Keep the expert actions of only this share of the kept tasks (drawn
+    /// by --seed), clearing the rest: scarce expert data.
+    #[arg(long, value_parser = super::ranges::fraction)]
+    expert_share: Option<f64>,
+    /// Seed of the --expert-share draw.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
 }
 
 fn select(a: SelectArgs) -> Result<()> {
@@ -75,6 +87,19 @@ fn select(a: SelectArgs) -> Result<()> {
     );
     if kept.is_empty() {
         anyhow::bail!("{}: no task matches the selection", a.panel.display());
+    }
+    let mut kept = kept;
+    for kv in &a.world_set {
+        let (key, value) = kv
+            .split_once('=')
+            .with_context(|| format!("--world-set {kv:?}: expected KEY=JSON"))?;
+        let value: serde_json::Value = serde_json::from_str(value)
+            .with_context(|| format!("--world-set {kv:?}: the value is not JSON"))?;
+        panel::set_world_key(&mut kept, key, &value)?;
+    }
+    if let Some(share) = a.expert_share {
+        let n = panel::keep_expert_share(&mut kept, share, a.seed);
+        println!("kept the expert actions of {n} of {} tasks", kept.len());
     }
     panel::write_jsonl(&a.out, &kept)?;
     println!(
@@ -143,12 +168,45 @@ struct StatsArgs {
     max_steps: usize,
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// household: also the scripted procedure that does not know the
+    /// answer (it acts on the agent's memory and searches): the ceiling a
+    /// learned policy can reach.
+    #[arg(long)]
+    procedure: bool,
+    /// With --procedure: a task's budget is its expert length plus this,
+    /// capped at --max-steps (as `env.step_slack`).
+    #[arg(long, requires = "procedure")]
+    step_slack: Option<usize>,
 }
 
 fn stats(a: StatsArgs) -> Result<()> {
     use actguide::env::{make_env, EnvKind, EnvSpec};
     let (rollouts, max_steps) = (a.rollouts, a.max_steps);
     let tasks = panel::read_jsonl(&a.panel)?;
+    if a.procedure {
+        if a.url.is_some() || !a.command.is_empty() || a.env != actguide::env::BuiltinEnv::Household
+        {
+            anyhow::bail!("--procedure is the household env's scripted agent");
+        }
+        let table = actguide::env::household::procedure_success(&tasks, max_steps, a.step_slack)?;
+        let budget = match a.step_slack {
+            Some(s) => format!("expert length + {s}, at most {max_steps} steps"),
+            None => format!("{max_steps} steps"),
+        };
+        println!("scripted procedure (the agent's memory only, searches), budget {budget}");
+        println!("{:>10} {:>6} {:>8}", "difficulty", "tasks", "success");
+        let mut solved = 0.0;
+        for (d, n, s) in &table {
+            println!("{d:>10} {n:>6} {s:>8.3}");
+            solved += s * *n as f64;
+        }
+        println!(
+            "{:>10} {:>6} {:>8.3}",
+            "all",
+            tasks.len(),
+            solved / tasks.len() as f64
+        );
+    }
     let spec = match (a.url, a.command.is_empty()) {
         (Some(url), _) => EnvSpec {
             kind: EnvKind::Http {

@@ -33,6 +33,9 @@ pub enum PanelError {
         id: String,
         first: usize,
     },
+    /// `set_world_key` on a task whose world is not a JSON object.
+    #[error("task {task:?}: its world is not a JSON object, so it has no keys to set")]
+    WorldNotObject { task: String },
     /// A panel with no task: nothing to train or evaluate on.
     #[error("{}: the panel has no tasks (one JSON task per line)", path.display())]
     Empty { path: PathBuf },
@@ -209,6 +212,50 @@ pub fn select(tasks: &[Task], s: &Selection) -> Vec<Task> {
         .collect()
 }
 
+/// Set `key` in every task's world to `value` (a regime knob such as
+/// household's `reveal`); a world that is not a JSON object is refused
+/// with its task.
+pub fn set_world_key(
+    tasks: &mut [Task],
+    key: &str,
+    value: &serde_json::Value,
+) -> Result<(), PanelError> {
+    for t in tasks {
+        match t.world.as_object_mut() {
+            Some(m) => {
+                m.insert(key.to_string(), value.clone());
+            }
+            None => {
+                return Err(PanelError::WorldNotObject { task: t.id.clone() });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Keep the expert actions of a seeded share of the tasks and clear the
+/// rest (their `difficulty` stays): a scarce-data panel, on which behaviour
+/// cloning sees only the kept trajectories and guidance has none for the
+/// other tasks, while RL still trains on every task. `round(share · N)`
+/// tasks keep theirs, drawn by `seed`. Returns how many kept them.
+pub fn keep_expert_share(tasks: &mut [Task], share: f64, seed: u64) -> usize {
+    use rand::seq::SliceRandom;
+    let n = tasks.len();
+    let keep = ((share.clamp(0.0, 1.0) * n as f64).round() as usize).min(n);
+    let mut order: Vec<usize> = (0..n).collect();
+    order.shuffle(&mut crate::seed::rng(
+        seed,
+        &[crate::seed::label("expert-share")],
+    ));
+    let kept: std::collections::BTreeSet<usize> = order[..keep].iter().copied().collect();
+    for (i, t) in tasks.iter_mut().enumerate() {
+        if !kept.contains(&i) {
+            t.expert.clear();
+        }
+    }
+    keep
+}
+
 /// Write a panel (creating the parent directory if needed).
 pub fn write_jsonl(path: &Path, tasks: &[Task]) -> Result<(), PanelError> {
     let io = |source| PanelError::Io {
@@ -338,6 +385,40 @@ pub(crate) fn visit_texts(
 #[cfg(test)]
 mod selection_tests {
     use super::*;
+
+    #[test]
+    fn an_expert_share_keeps_a_seeded_subset_and_the_difficulties() {
+        let tasks: Vec<Task> = (0..20)
+            .map(|i| Task {
+                id: format!("t{i}"),
+                task_type: "t".into(),
+                goal: "g".into(),
+                world: Value::Null,
+                expert: vec!["a".into(); 1 + i % 4],
+                difficulty: 1 + i % 4,
+            })
+            .collect();
+        let kept = |share: f64, seed: u64| {
+            let mut t = tasks.clone();
+            let n = keep_expert_share(&mut t, share, seed);
+            let ids: Vec<String> = t
+                .iter()
+                .filter(|t| !t.expert.is_empty())
+                .map(|t| t.id.clone())
+                .collect();
+            assert_eq!(ids.len(), n);
+            assert!(t
+                .iter()
+                .zip(&tasks)
+                .all(|(a, b)| a.difficulty == b.difficulty));
+            ids
+        };
+        assert_eq!(kept(0.25, 1).len(), 5);
+        assert_eq!(kept(0.25, 1), kept(0.25, 1), "same seed, same tasks");
+        assert_ne!(kept(0.25, 1), kept(0.25, 2));
+        assert_eq!(kept(1.0, 1).len(), 20);
+        assert!(kept(0.0, 1).is_empty());
+    }
 
     #[test]
     fn oversized_lines_are_refused_with_their_line() {

@@ -8,10 +8,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use crate::env::panel;
-use crate::experiment::config::Comparison;
+use crate::experiment::config::{Comparison, ENTRY_MODEL};
 use crate::experiment::models;
 use crate::experiment::run::{open_scripts, run, Event, RunError, RunOptions, RunSummary};
-use crate::rundir::{fresh_dir, ComparisonManifest};
+use crate::rundir::{fresh_dir, ComparisonManifest, RunKind};
 
 /// What a finished comparison produced.
 #[derive(Debug, Clone)]
@@ -85,7 +85,10 @@ pub fn check_entries(cmp: &Comparison) -> Result<(), RunError> {
             // env when the run starts, which may launch the env's server.
             panel::read_jsonl(Path::new(&exp.env.train))?;
             panel::read_jsonl(Path::new(&exp.env.test))?;
-            models::open(exp)?;
+            // A model another entry trains is opened when that entry ends.
+            if !exp.model.path.starts_with(ENTRY_MODEL) {
+                models::open(exp)?;
+            }
             open_scripts(exp, None)?;
             Ok(())
         };
@@ -95,6 +98,31 @@ pub fn check_entries(cmp: &Comparison) -> Result<(), RunError> {
         })?;
     }
     Ok(())
+}
+
+/// The model folder entry `dep` wrote, for entry `name` that starts from
+/// it: waits while `dep` is still running (entries start in list order,
+/// so it has started); an error if it failed or stopped early.
+fn entry_model(
+    slot: &Mutex<Option<Result<RunSummary, RunError>>>,
+    dep: &str,
+    name: &str,
+) -> Result<String, RunError> {
+    loop {
+        if let Some(r) = slot.lock().expect("comparison slot").as_ref() {
+            return match r {
+                Ok(s) => s.model.as_ref().map(|m| m.display().to_string()).ok_or_else(|| {
+                    RunError::Sft(format!(
+                        "entry \"{name}\" starts from entry \"{dep}\"'s model, which it did not write (stopped before its last step)"
+                    ))
+                }),
+                Err(_) => Err(RunError::Sft(format!(
+                    "entry \"{name}\" starts from entry \"{dep}\"'s model, and \"{dep}\" failed"
+                ))),
+            };
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
 }
 
 /// Run the entries, `jobs` at a time; entry i's result lands in slot i
@@ -108,34 +136,47 @@ fn run_entries(
 ) -> Vec<Option<Result<RunSummary, RunError>>> {
     let n = cmp.runs.len();
     let jobs = jobs.clamp(1, n.max(1));
+    let slots: Vec<Mutex<Option<Result<RunSummary, RunError>>>> =
+        (0..n).map(|_| Mutex::new(None)).collect();
     let one = |i: usize| {
         let mut exp = cmp.runs[i].clone();
         exp.runs_dir = dir.display().to_string();
         let name = exp.name.clone();
-        run(exp, opts, &mut |ev| on_event(&name, ev))
+        if let Some(j) = cmp.after.get(i).copied().flatten() {
+            exp.model.path = entry_model(&slots[j], &cmp.runs[j].name, &name)?;
+        }
+        // An entry with an `sft` section is a behaviour-cloning arm.
+        let opts = RunOptions {
+            kind: if exp.sft.is_some() {
+                RunKind::Sft
+            } else {
+                opts.kind
+            },
+            ..opts.clone()
+        };
+        run(exp, &opts, &mut |ev| on_event(&name, ev))
     };
     if jobs == 1 {
-        let mut out = Vec::new();
         for i in 0..n {
             if i > 0 && opts.interrupted() {
                 break;
             }
             let r = one(i);
             let failed = r.is_err();
-            out.push(Some(r));
+            *slots[i].lock().expect("comparison slot") = Some(r);
             if failed {
                 break;
             }
         }
-        out.resize_with(n, || None);
-        return out;
+        return slots
+            .into_iter()
+            .map(|m| m.into_inner().expect("comparison slot"))
+            .collect();
     }
     let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
     let per_job = (cores / jobs).max(1);
     let next = AtomicUsize::new(0);
     let failed = AtomicBool::new(false);
-    let slots: Vec<Mutex<Option<Result<RunSummary, RunError>>>> =
-        (0..n).map(|_| Mutex::new(None)).collect();
     std::thread::scope(|s| {
         for _ in 0..jobs {
             s.spawn(|| {

@@ -14,7 +14,7 @@ pub mod probe;
 pub mod run;
 
 pub use compare::{run_comparison, ComparisonSummary};
-pub use config::{Comparison, ConfigError, Experiment, ExperimentFile};
+pub use config::{Comparison, ConfigError, Experiment, ExperimentFile, ENTRY_MODEL};
 pub use panel_ref::PanelRef;
 pub use run::{
     run, serve_node, serve_worker, sft, Event, RunError, RunOptions, RunSummary, WorkerPlace,

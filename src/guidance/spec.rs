@@ -106,8 +106,10 @@ impl GuidanceSpec {
                 plan_loss: loss,
                 ..Default::default()
             },
+            // A task without expert actions (a scarce-data panel) has no
+            // expert trajectory to replay: an on-policy rollout instead.
             GuidanceSpec::Expert => ResolvedSpec {
-                expert: true,
+                expert: len > 0,
                 ..Default::default()
             },
         }
@@ -239,6 +241,22 @@ pub fn register(engine: &mut Engine) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_task_without_expert_actions_gets_no_guidance() {
+        for g in [
+            GuidanceSpec::Expert,
+            GuidanceSpec::Prefix { n: 3 },
+            GuidanceSpec::PrefixRatio { r: 1.0 },
+            GuidanceSpec::Plan {
+                k: 2,
+                loss: PlanLoss::Default,
+            },
+        ] {
+            assert!(!g.resolve(0).is_guided(), "{g}");
+            assert!(g.resolve(4).is_guided(), "{g}");
+        }
+    }
 
     #[test]
     fn prefix_ratio_follows_agent_g2() {

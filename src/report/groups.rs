@@ -77,9 +77,18 @@ pub(crate) const GROUP_NOTE: &str = "Runs whose experiments differ only in `seed
     those the initial policy never solved at step 0. The first row is the initial policy \
     (the step-0 evaluations, mean over runs); its out-region success is 0 by definition.";
 
-/// The experiment without what tells replicas apart.
+/// The experiment without what tells replicas apart: the seed, the name,
+/// and in a model path the seed's replica of the entry it came from (GRPO
+/// after BC seed 7 starts from `…/bc-s7/model`).
 fn replica_key(config: &Value) -> Value {
     let mut c = config.clone();
+    let seed = c["seed"].as_u64();
+    if let (Some(seed), Some(path)) = (seed, c["model"]["path"].as_str()) {
+        let own = format!("-s{seed}/model");
+        if let Some(stem) = path.strip_suffix(&own) {
+            c["model"]["path"] = Value::String(format!("{stem}/model"));
+        }
+    }
     if let Some(m) = c.as_object_mut() {
         m.remove("seed");
         m.remove("name");

@@ -31,14 +31,14 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use crate::rundir::{EvalLine, Record, ReloadLine, RunDir, RunDirError, StepLine};
+use crate::rundir::{EvalLine, Record, ReloadLine, RunDir, RunDirError, SftLine, StepLine};
 
 /// Why a report could not be written.
 #[derive(Debug, thiserror::Error)]
 pub enum ReportError {
     #[error("no run directories given")]
     NoRuns,
-    #[error("{}: not a run directory (no metrics.jsonl)", dir.display())]
+    #[error("{}: not a run directory (no metrics.jsonl or sft.jsonl)", dir.display())]
     NoMetrics { dir: PathBuf },
     #[error("{}: {source}", path.display())]
     Io {
@@ -168,6 +168,20 @@ fn step_row(line: &StepLine, fallback_step: u64) -> StepRow {
     }
 }
 
+/// One SFT step: its expert trajectories (replayed in the env) count as
+/// its rollouts, all of them trained on.
+fn sft_row(line: &SftLine) -> StepRow {
+    StepRow {
+        step: line.step as u64,
+        rollouts: Some(line.trajectories as f64),
+        probe_rollouts: Some(0.0),
+        trained_rollouts: Some(line.trajectories as f64),
+        step_s: Some(line.seconds),
+        train_tokens_per_s: Some(line.train_tok_s),
+        ..StepRow::default()
+    }
+}
+
 fn eval_row(line: &EvalLine) -> Option<EvalRow> {
     Some(EvalRow {
         step: line.step? as u64,
@@ -210,10 +224,21 @@ fn experiment_json(dir: &RunDir, warnings: &mut Vec<String>) -> Option<Value> {
 pub fn read_run(dir: &Path) -> Result<Run, ReportError> {
     let mut warnings = Vec::new();
     let rd = RunDir::at(dir);
-    let Some(metrics) = rd.read::<StepLine>(&mut warnings)? else {
-        return Err(ReportError::NoMetrics {
-            dir: dir.to_path_buf(),
-        });
+    // An SFT run (a behaviour-cloning arm) logs its steps to sft.jsonl.
+    let rows: Vec<StepRow> = match rd.read::<StepLine>(&mut warnings)? {
+        Some(metrics) => metrics
+            .iter()
+            .enumerate()
+            .map(|(i, line)| step_row(line, i as u64))
+            .collect(),
+        None => match rd.read::<SftLine>(&mut warnings)? {
+            Some(sft) => sft.iter().map(sft_row).collect(),
+            None => {
+                return Err(ReportError::NoMetrics {
+                    dir: dir.to_path_buf(),
+                })
+            }
+        },
     };
     let name = dir
         .canonicalize()
@@ -233,8 +258,7 @@ pub fn read_run(dir: &Path) -> Result<Run, ReportError> {
     // A later line for the same step supersedes an earlier one: a run that
     // died between writing a step and its checkpoint logs that step again.
     let mut by_step: BTreeMap<u64, StepRow> = BTreeMap::new();
-    for (i, line) in metrics.iter().enumerate() {
-        let row = step_row(line, i as u64);
+    for row in rows {
         by_step.insert(row.step, row);
     }
 

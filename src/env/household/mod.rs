@@ -17,6 +17,7 @@
 mod catalog;
 mod expert;
 mod generate;
+mod procedure;
 mod room;
 mod sim;
 #[cfg(test)]
@@ -27,6 +28,7 @@ mod world;
 pub use catalog::{TaskType, MAX_INDEX};
 pub use expert::expert_plan;
 pub use generate::{generate_panels, DEFAULT_SEED, DEFAULT_TEST, DEFAULT_TRAIN};
+pub use procedure::{procedure_episode, procedure_success};
 pub use vocab::{split_words, vocabulary};
 pub use world::{Agent, Goal, Object, Receptacle, World, WorldError};
 

@@ -52,6 +52,7 @@ pub(super) fn gen_world(rng: &mut ChaCha8Rng, tt: TaskType) -> Option<World> {
             object: needs.obj.name.to_string(),
             target: needs.target.to_string(),
         },
+        reveal: false,
     })
 }
 

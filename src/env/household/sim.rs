@@ -114,8 +114,19 @@ impl Sim {
         if let Some(h) = sim.holding() {
             sim.seen.push(h);
         }
+        if sim.world.reveal {
+            // World order: the same for every task built the same way.
+            let held = sim.holding();
+            let all = (0..sim.world.objects.len()).filter(|&o| Some(o) != held);
+            sim.seen.extend(all);
+        }
         sim.observe_here();
         Ok(sim)
+    }
+
+    /// The objects the agent has seen, in order of first sighting.
+    pub fn memory(&self) -> &[usize] {
+        &self.seen
     }
 
     pub fn here(&self) -> Option<usize> {

@@ -460,3 +460,85 @@ fn bad_worlds_are_task_errors() {
     assert!(env.step("look").is_err(), "no episode after a failed reset");
     assert_eq!(HouseholdEnv::default().status(), "No task loaded.");
 }
+
+#[test]
+fn a_revealed_world_starts_with_every_object_in_memory() {
+    let (env, _) = start(room("pick_and_place", "mug", "countertop"));
+    assert_eq!(
+        env.status(),
+        "You are in the middle of the room. You are carrying: nothing. Seen: nothing."
+    );
+    let mut w = room("pick_and_place", "mug", "countertop");
+    w["reveal"] = json!(true);
+    let (env, obs) = start(w);
+    // The first observation is unchanged; the memory knows what is hidden
+    // (mug 1 in the closed cabinet).
+    assert!(obs.text.starts_with("You are in the middle of a room."));
+    assert_eq!(
+        env.status(),
+        "You are in the middle of the room. You are carrying: nothing. Seen: mug 1 at cabinet 1, \
+         apple 1 at countertop 1, knife 1 at countertop 1, desklamp 1 at desk 1, book 1 at desk 1, \
+         cd 1 at drawer 1, egg 1 at fridge 1."
+    );
+    // The flag round-trips; absent, it is not written.
+    let t = task(
+        room("pick_and_place", "mug", "countertop"),
+        "put a mug in countertop",
+    );
+    let world = HouseholdEnv::parse_world(&t).unwrap();
+    assert!(!world.reveal);
+    assert!(serde_json::to_value(&world)
+        .unwrap()
+        .get("reveal")
+        .is_none());
+}
+
+#[test]
+fn the_procedure_searches_where_it_does_not_know_and_plans_where_it_does() {
+    // The mug is in the closed cabinet: without the map the procedure
+    // walks the room in order and opens what is closed until it sees one.
+    let t = task(
+        room("pick_and_place", "mug", "countertop"),
+        "put a mug in countertop",
+    );
+    let (ok, actions) = procedure_episode(&t, 50).unwrap();
+    assert!(ok);
+    assert_eq!(
+        actions,
+        [
+            "go to cabinet 1",
+            "open cabinet 1",
+            "take mug 1 from cabinet 1",
+            "go to countertop 1",
+            "move mug 1 to countertop 1"
+        ]
+    );
+    // The egg is in the fridge, fifth in the room: it searches first.
+    let t = task(
+        room("pick_cool_then_place", "egg", "countertop"),
+        "cool some egg and put it in countertop",
+    );
+    let (ok, actions) = procedure_episode(&t, 50).unwrap();
+    assert!(ok);
+    assert_eq!(
+        &actions[..4],
+        [
+            "go to cabinet 1",
+            "open cabinet 1",
+            "go to countertop 1",
+            "go to desk 1"
+        ]
+    );
+    let expert = expert_plan(&HouseholdEnv::parse_world(&t).unwrap());
+    assert!(actions.len() > expert.len(), "{actions:?} vs {expert:?}");
+    // With the map it goes straight there: the expert's length.
+    let mut w = room("pick_cool_then_place", "egg", "countertop");
+    w["reveal"] = json!(true);
+    let (ok, revealed) = procedure_episode(&task(w, "cool some egg"), 50).unwrap();
+    assert!(ok);
+    assert_eq!(revealed.len(), expert.len(), "{revealed:?}");
+    // A budget below what it needs fails, deterministically.
+    let (ok, short) = procedure_episode(&t, 3).unwrap();
+    assert!(!ok);
+    assert_eq!(short.len(), 3);
+}

@@ -62,6 +62,14 @@ pub struct World {
     pub objects: Vec<Object>,
     pub agent: Agent,
     pub goal: Goal,
+    /// The agent starts knowing where every object is (its memory, the
+    /// status line's "Seen:", holds them all from the first step): a regime
+    /// in which a learned procedure can solve an unseen task without the
+    /// search the step budget may not allow. Absent (false) in the
+    /// generated panels; `actguide tasks select --world-set reveal=true`
+    /// writes such panels.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub reveal: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -96,6 +96,46 @@ pub struct Comparison {
     pub name: String,
     pub runs_dir: String,
     pub runs: Vec<Experiment>,
+    /// Per run: the earlier entry whose trained model it starts from
+    /// (`model.path: "@<entry>"`, e.g. GRPO after a behaviour-cloning
+    /// arm), which must have finished first.
+    pub after: Vec<Option<usize>>,
+}
+
+/// The prefix of a `model.path` that names another entry of the same
+/// comparison: `"@bc"` starts from the model entry `bc` (or, in a seed
+/// replica, `bc-s<seed>`) writes.
+pub const ENTRY_MODEL: char = '@';
+
+/// Resolve every run's `model.path: "@<entry>"` to the index of an earlier
+/// SFT entry (the kind that writes `model/`); the error names the run.
+fn entry_models(runs: &[Experiment]) -> Result<Vec<Option<usize>>, String> {
+    let mut after = Vec::new();
+    for (i, exp) in runs.iter().enumerate() {
+        let Some(target) = exp.model.path.strip_prefix(ENTRY_MODEL) else {
+            after.push(None);
+            continue;
+        };
+        let replica = format!("{target}-s{}", exp.seed);
+        let j = runs[..i]
+            .iter()
+            .position(|r| r.name == replica)
+            .or_else(|| runs[..i].iter().position(|r| r.name == target))
+            .ok_or_else(|| {
+                format!(
+                    "compare entry \"{}\": model.path \"{}\" names no earlier entry \"{target}\" (or \"{replica}\")",
+                    exp.name, exp.model.path
+                )
+            })?;
+        if runs[j].sft.is_none() {
+            return Err(format!(
+                "compare entry \"{}\": model.path \"{}\": entry \"{}\" writes no model (only an entry with an `sft` section does)",
+                exp.name, exp.model.path, runs[j].name
+            ));
+        }
+        after.push(Some(j));
+    }
+    Ok(after)
 }
 
 /// Merge `over` into `base`: maps key by key, anything else replaced.
@@ -226,10 +266,12 @@ impl ExperimentFile {
             })?;
             runs.push(exp);
         }
+        let after = entry_models(&runs).map_err(at)?;
         Ok(ExperimentFile::Compare(Comparison {
             name,
             runs_dir,
             runs,
+            after,
         }))
     }
 }

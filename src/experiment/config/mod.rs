@@ -31,7 +31,7 @@ mod sft;
 pub use env::{
     EnvKeyError, EnvKindSection, EnvSection, HttpEnvSection, IdField, SubprocessEnvSection,
 };
-pub use load::{Comparison, ExperimentFile};
+pub use load::{Comparison, ExperimentFile, ENTRY_MODEL};
 pub use sft::SftSection;
 
 /// A whole experiment.

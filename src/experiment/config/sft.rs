@@ -21,6 +21,11 @@ pub struct SftSection {
     /// Greedy success on this many of its own tasks after the last step
     /// (0: none).
     pub eval_tasks: usize,
+    /// Also evaluate the unguided policy on the `evaluation` panels at step
+    /// 0, every `evaluation.every` steps and at the end, as an RL run does
+    /// (`eval.jsonl`): a behaviour-cloning arm of a comparison, reported
+    /// beside the RL arms.
+    pub evaluate: bool,
 }
 
 impl Default for SftSection {
@@ -31,6 +36,7 @@ impl Default for SftSection {
             tasks_per_step: 16,
             plan_share: 0.0,
             eval_tasks: 32,
+            evaluate: false,
         }
     }
 }

@@ -452,9 +452,10 @@ pub fn run(
         start_ranks(&mut ctx, opts, on_event)?;
     }
     // RL evaluates its unguided policy as it goes (from step 0); SFT on its
-    // own tasks once, at the end.
-    let evaluates = kind.of().is_rl();
-    if evaluates {
+    // own tasks once, at the end, and, with `sft.evaluate` (an imitation
+    // arm of a comparison), on the evaluation panels as RL does.
+    let evaluates = kind.of().is_rl() || ctx.exp.sft.as_ref().is_some_and(|s| s.evaluate);
+    if kind.of().is_rl() {
         attach_engine(&mut ctx, start_step, on_event)?;
     }
     if evaluates && start_step == 0 && !ctx.evals.iter().any(|(s, _)| *s == 0) {
