@@ -198,6 +198,90 @@ fn seed_replicas_run_in_parallel_with_the_same_numbers_as_one_at_a_time() {
 }
 
 #[test]
+fn imitation_arms_run_in_a_comparison_and_grpo_starts_from_the_bc_model() {
+    let tmp = tempfile::tempdir().unwrap();
+    let r = root();
+    // BC (an `sft` entry evaluated as RL is), GRPO from BC's model (seed
+    // replicas pair up), LUFFY, and zero-RL, on a tiny budget.
+    let src = source(
+        tmp.path(),
+        2,
+        &format!(
+            r#"#{{ name: "bc", seeds: [5, 6], sft: #{{ tasks_per_step: 2, evaluate: true, eval_tasks: 2 }} }},
+               #{{ name: "bc_grpo", seeds: [5, 6], model: #{{ path: "@bc" }} }},
+               #{{ name: "luffy", guidance: #{{ script: "{r}/scripts/guidance/luffy.rhai" }} }},
+               #{{ name: "zero" }}"#,
+            r = r.display()
+        ),
+    );
+    let ExperimentFile::Compare(c) = ExperimentFile::from_source("cmp.rhai", &src).unwrap() else {
+        panic!("a compare file is a comparison")
+    };
+    assert_eq!(c.after, [None, None, Some(0), Some(1), None, None]);
+    // Two at a time: bc_grpo-s5 waits for bc-s5 while the other job runs.
+    let out = experiment::run_comparison(&c, &RunOptions::default(), 2, &|_, _| {}).unwrap();
+    for s in [5, 6] {
+        let bc = out.dir.join(format!("bc-s{s}"));
+        assert_eq!(lines(&bc.join("sft.jsonl")).len(), 2);
+        assert!(bc.join("model").join("config.json").exists());
+        let ev = lines(&bc.join("eval.jsonl"));
+        let at: Vec<(u64, &str)> = ev
+            .iter()
+            .map(|e| (e["step"].as_u64().unwrap(), e["panel"].as_str().unwrap()))
+            .collect();
+        assert_eq!(
+            at,
+            [(0, "test"), (0, "train"), (2, "test"), (2, "train")],
+            "BC is evaluated unguided as RL is"
+        );
+        let grpo = out.dir.join(format!("bc_grpo-s{s}"));
+        let exp: Value =
+            serde_json::from_str(&std::fs::read_to_string(grpo.join("experiment.json")).unwrap())
+                .unwrap();
+        assert_eq!(
+            exp["model"]["path"].as_str().unwrap(),
+            bc.join("model").display().to_string(),
+            "GRPO starts from its own seed's BC model"
+        );
+        assert_eq!(lines(&grpo.join("metrics.jsonl")).len(), 2);
+    }
+    // BC from the same start and seed: its step-0 evaluation is zero-RL's.
+    let e0 = |n: &str| untimed(lines(&out.dir.join(n).join("eval.jsonl"))[0].clone());
+    assert_eq!(e0("bc-s5"), e0("zero"));
+    let md = std::fs::read_to_string(out.report.unwrap().join("report.md")).unwrap();
+    for row in [
+        "| bc | 2 | 5, 6 |",
+        "| bc_grpo | 2 | 5, 6 |",
+        "| luffy | 1 | 5 |",
+    ] {
+        assert!(md.contains(row), "{row}: {md}");
+    }
+}
+
+#[test]
+fn an_entry_model_names_an_earlier_imitation_arm() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (entries, want) in [
+        (
+            r#"#{ name: "g", model: #{ path: "@bc" } }, #{ name: "bc", sft: #{} }"#,
+            "names no earlier entry \"bc\"",
+        ),
+        (
+            r#"#{ name: "zero" }, #{ name: "g", model: #{ path: "@zero" } }"#,
+            "entry \"zero\" writes no model",
+        ),
+    ] {
+        let e = ExperimentFile::from_source("cmp.rhai", &source(tmp.path(), 1, entries))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(want) && e.starts_with("cmp.rhai:"),
+            "{entries}: {e}"
+        );
+    }
+}
+
+#[test]
 fn comparison_entries_are_checked() {
     let tmp = tempfile::tempdir().unwrap();
     let dup = source(tmp.path(), 1, r#"#{ name: "a" }, #{ name: "a" }"#);
