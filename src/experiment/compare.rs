@@ -157,13 +157,13 @@ fn run_entries(
         run(exp, &opts, &mut |ev| on_event(&name, ev))
     };
     if jobs == 1 {
-        for i in 0..n {
+        for (i, slot) in slots.iter().enumerate() {
             if i > 0 && opts.interrupted() {
                 break;
             }
             let r = one(i);
             let failed = r.is_err();
-            *slots[i].lock().expect("comparison slot") = Some(r);
+            *slot.lock().expect("comparison slot") = Some(r);
             if failed {
                 break;
             }
