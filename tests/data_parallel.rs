@@ -501,3 +501,39 @@ mod runs {
         );
     }
 }
+
+/// A batch without signal (every advantage 0, no aux tokens) after one
+/// with signal: AdamW moves the weights on its momentum alone, unless
+/// `trainer.skip_zero_grad` skips the step.
+#[test]
+fn a_zero_gradient_moves_adamw_unless_skipped() {
+    for skip in [false, true] {
+        let p = policy();
+        let cfg = TrainerSection {
+            skip_zero_grad: skip,
+            ..settings()
+        };
+        let mut t = Trainer::new(&p, None, &cfg, 4, 1.0).unwrap();
+        let s = samples(p.config().vocab_size as u32);
+        let mut rng = seed::rng(5, &[3]);
+        t.step(&p, &s, 0, &mut rng).unwrap();
+        let before = weights(&p);
+        let silent: Vec<Sample> = s
+            .iter()
+            .filter(|x| !x.aux)
+            .map(|x| Sample {
+                advantage: 0.0,
+                ..x.clone()
+            })
+            .collect();
+        let st = t.step(&p, &silent, 1, &mut rng).unwrap();
+        assert_eq!(st.grad_norm, 0.0);
+        if skip {
+            assert_eq!(st.skipped_updates, 2, "both minibatches");
+            assert_eq!(weights(&p), before);
+        } else {
+            assert_eq!(st.skipped_updates, 0);
+            assert_ne!(weights(&p), before, "momentum moves the weights");
+        }
+    }
+}

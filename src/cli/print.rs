@@ -276,7 +276,13 @@ pub fn print_summary(summary: &RunSummary) {
         "wall time          {:.1} s ({:.2} s/step)",
         summary.seconds, summary.seconds_per_step
     );
-    if summary.start_test_success.is_some() {
+    if summary.model.is_some() {
+        // SFT generates nothing: its rollouts replay expert actions.
+        println!(
+            "throughput         {:.0} train tok/s",
+            summary.train_tokens_per_s
+        );
+    } else if summary.start_test_success.is_some() {
         println!(
             "throughput         {:.0} rollout tok/s, {:.0} train tok/s",
             summary.rollout_tokens_per_s, summary.train_tokens_per_s

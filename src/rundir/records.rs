@@ -157,6 +157,10 @@ pub struct StepLine {
     pub entropy: Option<f64>,
     pub clip_frac: Option<f64>,
     pub grad_norm: Option<f64>,
+    /// Minibatches whose zero gradient skipped the optimiser step
+    /// (written only with `trainer.skip_zero_grad` and when there are any).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skipped_updates: Option<usize>,
     pub lr: Option<f64>,
     pub policy_tokens: Option<usize>,
     pub rollout_tokens: Option<usize>,

@@ -70,6 +70,11 @@ pub struct TrainerSection {
     /// the prefix once; micro-batches then gather such sequences. The same
     /// loss up to float rounding, fewer tokens through the model.
     pub share_prefixes: bool,
+    /// Skip the optimiser step of a minibatch whose gradient is exactly
+    /// zero (every advantage 0, no auxiliary tokens): AdamW would
+    /// otherwise keep moving the weights on its momentum and weight decay
+    /// with no learning signal at all.
+    pub skip_zero_grad: bool,
 }
 
 impl Default for TrainerSection {
@@ -104,6 +109,7 @@ impl Default for TrainerSection {
             minibatches: 1,
             micro_batch: 64,
             share_prefixes: true,
+            skip_zero_grad: false,
         }
     }
 }

@@ -22,6 +22,9 @@ pub struct TrainStats {
     /// Tokens the model ran forward+backward for them: fewer than
     /// `train_tokens` when shared prefixes are scored once.
     pub trunk_tokens: usize,
+    /// Minibatches whose zero gradient skipped the optimiser step
+    /// (`trainer.skip_zero_grad`).
+    pub skipped_updates: usize,
     pub seconds: f64,
 }
 

@@ -145,9 +145,15 @@ impl Trainer {
                 let grads = self.reduce(grads)?;
                 let norm = global_norm(&grads)?;
                 stats.grad_norm += norm;
+                updates += 1;
+                // The norm is the global one (after the ranks' reduce), so
+                // every rank skips the same minibatches.
+                if self.cfg.skip_zero_grad && norm == 0.0 {
+                    stats.skipped_updates += 1;
+                    continue;
+                }
                 let grads = self.clip(grads, norm)?;
                 self.opt.step(&grads, lr)?;
-                updates += 1;
             }
         }
         if self.coll.world() > 1 {

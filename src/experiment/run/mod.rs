@@ -242,7 +242,9 @@ impl Totals {
         self.steps_with_script_errors += usize::from(errs > 0);
     }
 
-    fn add_sft(&mut self, line: &SftLine) {
+    fn add_sft(&mut self, line: &SftLine, train_tokens: usize, train_s: f64) {
+        self.train_tokens += train_tokens;
+        self.train_s += train_s;
         self.steps += 1;
         self.episodes += line.trajectories;
         self.env_errors += line.env_errors;
@@ -644,9 +646,9 @@ fn one_step(
             });
         }
         Kind::Sft(k) => {
-            let line = k.step(ctx, step, make)?;
+            let (line, tokens, secs) = k.step(ctx, step, make)?;
             settle_envs(ctx, spec, step, None, on_event)?;
-            totals.add_sft(&line);
+            totals.add_sft(&line, tokens, secs);
             let v = ctx.dir.append(&line)?;
             tb_write(ctx, step, "sft", &v)?;
             on_event(Event::SftStep(Box::new(line)));

@@ -71,13 +71,14 @@ impl SftKind {
     }
 
     /// One step: the expert episodes of its tasks (a share with plans),
-    /// then an NLL update; its `sft.jsonl` line.
+    /// then an NLL update; its `sft.jsonl` line, and the tokens trained
+    /// and the update's seconds (for the run's throughput).
     pub(super) fn step(
         &self,
         ctx: &mut Ctx,
         step: usize,
         make: &dyn Fn(usize) -> Box<dyn Env>,
-    ) -> Result<SftLine, RunError> {
+    ) -> Result<(SftLine, usize, f64), RunError> {
         let t0 = std::time::Instant::now();
         let d = step_data(ctx, self, step, make)?;
         let mut trng = seed::rng(ctx.exp.seed, &[seed::label("sft-train"), step as u64]);
@@ -90,7 +91,7 @@ impl SftKind {
                 value: if nll_bad { st.aux_loss } else { st.grad_norm },
             });
         }
-        Ok(SftLine {
+        let line = SftLine {
             step,
             nll: round(st.aux_loss),
             trajectories: d.trajectories,
@@ -102,7 +103,8 @@ impl SftKind {
             env_errors: d.env_errors,
             seconds: round(t0.elapsed().as_secs_f64()),
             train_tok_s: round(st.train_tokens as f64 / st.seconds.max(1e-9)),
-        })
+        };
+        Ok((line, st.train_tokens, st.seconds))
     }
 
     /// After the last step: `sft_eval.json` and the `model/` folder RL

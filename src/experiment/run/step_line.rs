@@ -113,6 +113,7 @@ pub(super) fn step_line(
         entropy: Some(round(tstats.entropy)),
         clip_frac: Some(round(tstats.clip_frac)),
         grad_norm: Some(round(tstats.grad_norm)),
+        skipped_updates: (tstats.skipped_updates > 0).then_some(tstats.skipped_updates),
         lr: Some(tstats.lr),
         policy_tokens: Some(tstats.policy_tokens),
         rollout_tokens: Some(rollout_tokens),
