@@ -136,3 +136,51 @@ fn every_arm_of_the_heldout_comparison_runs_on_a_tiny_budget() {
         assert!(md.contains(&format!("| {name} |")), "{name}: {md}");
     }
 }
+
+#[test]
+fn a_scarce_data_panel_trains_every_task_and_guides_only_those_with_experts() {
+    let tasks = read_jsonl(&household("reveal/long115_share25.jsonl")).unwrap();
+    let with: Vec<&str> = tasks
+        .iter()
+        .filter(|t| !t.expert.is_empty())
+        .map(|t| t.id.as_str())
+        .collect();
+    assert_eq!(with.len(), 29);
+    // A task without expert actions keeps the budget its difficulty gives.
+    assert!(tasks
+        .iter()
+        .all(|t| t.budget_len() == Some(t.difficulty) && t.difficulty >= 5));
+    let ExperimentFile::Compare(c) =
+        ExperimentFile::load(&root().join("examples/heldout.rhai")).unwrap()
+    else {
+        panic!("examples/heldout.rhai is a comparison")
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let abs = |p: &str| root().join(p).display().to_string();
+    // LUFFY: each group's last member replays the expert where there is
+    // one, and is an on-policy rollout where there is none.
+    let mut e = c.runs.iter().find(|e| e.name == "luffy").unwrap().clone();
+    e.model.path = abs("models/tiny");
+    e.env.train = abs("envs/household/reveal/long115_share25.jsonl");
+    e.env.test = abs(&e.env.test);
+    e.guidance.script = abs(&e.guidance.script);
+    e.runs_dir = tmp.path().display().to_string();
+    e.steps = 4;
+    e.rollout.group_size = 2;
+    e.evaluation.every = 0;
+    e.evaluation.max_tasks = 2;
+    let s = experiment::run(e, &RunOptions::default(), &mut |_| {}).unwrap();
+    let m = lines(&s.run_dir.join("metrics.jsonl"));
+    let guided: Vec<f64> = m
+        .iter()
+        .map(|l| l["guided_frac"].as_f64().unwrap())
+        .collect();
+    for l in &m {
+        assert_eq!(l["env_errors"], 0, "{l}");
+    }
+    // 32 tasks drawn, about a quarter of them with experts: guided_frac
+    // is the share of expert members, below the 1/2 that a replay in
+    // every group would give.
+    let total: f64 = guided.iter().sum::<f64>() / guided.len() as f64;
+    assert!(total > 0.0 && total < 0.5, "{guided:?}");
+}

@@ -41,6 +41,20 @@ pub struct Task {
     pub difficulty: usize,
 }
 
+impl Task {
+    /// The length `env.step_slack` budgets the task by: its expert's, or,
+    /// where a scarce-data panel withheld the expert actions, its
+    /// difficulty (so the step limit does not tell the arms apart); `None`
+    /// with neither.
+    pub fn budget_len(&self) -> Option<usize> {
+        match (self.expert.len(), self.difficulty) {
+            (0, 0) => None,
+            (0, d) => Some(d),
+            (l, _) => Some(l),
+        }
+    }
+}
+
 /// What the env shows after a reset or a step.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Observation {

@@ -246,14 +246,9 @@ pub fn load_run(
         Some(dir) => checkpoint::load_dir(dir, &device, checkpoint::Sums::Required)?,
     };
     let train = panel::read_jsonl(Path::new(&exp.env.train))?;
-    // As the run computed them (setup::panels): tasks without expert
-    // actions do not move the bounds.
-    let lens: Vec<usize> = train
-        .iter()
-        .map(|t| t.expert.len())
-        .filter(|&l| l > 0)
-        .collect();
-    let clusters = Clusters::from_lengths(&lens, exp.guidance.clusters);
+    // As the run computed them (setup::panels).
+    let clusters =
+        Clusters::from_expert_lengths(train.iter().map(|t| t.expert.len()), exp.guidance.clusters);
     // The model as the run built it: its source, the checkpoint's weights
     // (or adapters on the source's base), and its prompt format.
     let src = super::models::open(&exp)?;

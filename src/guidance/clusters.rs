@@ -12,6 +12,14 @@ pub struct Clusters {
 impl Clusters {
     /// K quantile clusters over the given expert lengths. Ties can make
     /// fewer than K distinct clusters; empty bounds are dropped.
+    /// Clusters of a training panel's expert lengths: tasks without expert
+    /// actions (a scarce-data panel) fall in cluster 0 and do not move
+    /// the bounds.
+    pub fn from_expert_lengths(lengths: impl Iterator<Item = usize>, k: usize) -> Self {
+        let lens: Vec<usize> = lengths.filter(|&l| l > 0).collect();
+        Self::from_lengths(&lens, k)
+    }
+
     pub fn from_lengths(lengths: &[usize], k: usize) -> Self {
         let mut v: Vec<usize> = lengths.to_vec();
         v.sort_unstable();

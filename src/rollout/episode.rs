@@ -182,14 +182,7 @@ impl<'a> Live<'a> {
         } else {
             req.spec.prefix
         };
-        // A task whose expert actions a scarce-data panel withheld keeps
-        // the budget its expert length gave it (its difficulty), so the
-        // step limit does not tell the arms apart; with neither, max_steps.
-        let len = match (req.task.expert.len(), req.task.difficulty) {
-            (0, 0) => opts.max_steps,
-            (0, d) => d,
-            (l, _) => l,
-        };
+        let len = req.task.budget_len().unwrap_or(opts.max_steps);
         let env = make_env(opts.env_limit(len, executed));
         Live::new(req.clone(), env)
     }

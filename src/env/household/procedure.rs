@@ -92,13 +92,8 @@ pub fn procedure_success(
 ) -> Result<Vec<(usize, usize, f64)>, EnvError> {
     let mut by: std::collections::BTreeMap<usize, (usize, usize)> = Default::default();
     for t in tasks {
-        // As a run budgets it (rollout::episode): the expert's length, or
-        // the difficulty where a scarce-data panel withheld the expert.
-        let len = if t.expert.is_empty() {
-            t.difficulty
-        } else {
-            t.expert.len()
-        };
+        // As a run budgets it (rollout::episode).
+        let len = t.budget_len().unwrap_or(max_steps);
         let budget = step_slack.map_or(max_steps, |s| (len + s).min(max_steps));
         let (ok, _) = procedure_episode(t, budget)?;
         let e = by.entry(t.difficulty).or_default();

@@ -265,14 +265,8 @@ pub(super) fn panels(exp: &Experiment) -> Result<(Vec<Task>, Vec<Task>, Clusters
             panel: PathBuf::from(&exp.env.train),
         });
     }
-    // Tasks without expert actions (a scarce-data panel) fall in cluster 0
-    // and do not move its bounds.
-    let lens: Vec<usize> = train
-        .iter()
-        .map(|t| t.expert.len())
-        .filter(|&l| l > 0)
-        .collect();
-    let clusters = Clusters::from_lengths(&lens, exp.guidance.clusters);
+    let clusters =
+        Clusters::from_expert_lengths(train.iter().map(|t| t.expert.len()), exp.guidance.clusters);
     Ok((train, test, clusters))
 }
 
