@@ -30,12 +30,18 @@ actguide; the ids themselves differ, the lengths are the same):
   (lr 1e-6, no weight decay), zero_grad; train_tok_s = B*L / seconds
   (forward + backward + optimiser; optimizer_s is the step alone).
 
+With --autocast, generate and the train step's forward run under
+`torch.autocast("cpu", dtype=torch.bfloat16)`: PyTorch's CPU mixed precision
+(bf16 matmuls through oneDNN, AMX where the CPU has it; f32 weights, loss and
+optimiser), the peer of actguide's `model.mixed_precision`.
+
 Each measurement runs once untimed (warm-up), then --repeats times; rows
 hold the fastest run (as actguide's dev bench-model: other processes only add
 time) and the JSON keeps the per-run times.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -62,6 +68,12 @@ def parse():
         default=int(os.environ.get("RAYON_NUM_THREADS") or os.cpu_count() or 1),
     )
     ap.add_argument("--attn", default="sdpa", choices=["sdpa", "eager"])
+    ap.add_argument(
+        "--autocast",
+        action="store_true",
+        help="run generate and the train step's forward under torch.autocast('cpu', bfloat16) "
+        "(mixed precision: f32 weights and optimiser, bf16 matmuls)",
+    )
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     a.batches = [int(x) for x in a.batches.split(",") if x]
@@ -110,22 +122,29 @@ def main():
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.0)
     gen = torch.Generator().manual_seed(a.seed)
 
+    def amp():
+        if a.autocast:
+            return torch.autocast("cpu", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
     def generate(ids, n):
         model.eval()
-        out = model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=n,
-            min_new_tokens=n,
-            do_sample=False,
-            use_cache=True,
-            pad_token_id=pad,
-        )
+        with amp():
+            out = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=n,
+                min_new_tokens=n,
+                do_sample=False,
+                use_cache=True,
+                pad_token_id=pad,
+            )
         return (out.shape[1] - ids.shape[1]) * out.shape[0]
 
     def train_step(ids):
         model.train()
-        logits = model(input_ids=ids).logits
+        with amp():
+            logits = model(input_ids=ids).logits
         logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
         nll = -logp.gather(-1, ids[:, 1:, None]).mean()
         nll.backward()
@@ -188,7 +207,7 @@ def main():
     report = dict(
         implementation=(
             f"HF transformers {transformers.__version__} (torch {torch.__version__}, "
-            f"f32, CPU, {a.attn} attention)"
+            f"{'bf16 autocast' if a.autocast else 'f32'}, CPU, {a.attn} attention)"
         ),
         model=a.model,
         params=sum(p.numel() for p in model.parameters()),

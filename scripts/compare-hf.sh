@@ -9,8 +9,10 @@
 # Sets up, once: a venv with torch + transformers from PyPI
 # (.hf-venv/, or $ACTGUIDE_HF_VENV), MKL's runtime (scripts/install-mkl.sh)
 # and the release build. Then runs, one after the other: HF
-# (scripts/bench_transformers.py), actguide f32, actguide with bf16 rollout
-# weights (`dev bench-model --rollout-bf16`). JSON lands in runs/compare-hf/.
+# (scripts/bench_transformers.py) in f32 and under bf16 autocast, actguide in
+# f32 (`--f32`) and on the path it picks by itself on this CPU (no flag: bf16
+# rollout weights and mixed-precision training where the CPU has AMX and MKL
+# is loaded). JSON lands in runs/compare-hf/.
 # Run it on a quiet machine: the three measurements share the CPU in turn.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -38,10 +40,12 @@ cargo build --release -q
 out="runs/compare-hf"
 mkdir -p "$out"
 export RAYON_NUM_THREADS="$threads"
-echo "HF transformers ..." >&2
+echo "HF transformers f32 ..." >&2
 "$venv/bin/python" scripts/bench_transformers.py "$model" --batches "$batches" --threads "$threads" --json > "$out/hf.json"
+echo "HF transformers bf16 autocast ..." >&2
+"$venv/bin/python" scripts/bench_transformers.py "$model" --batches "$batches" --threads "$threads" --autocast --json > "$out/hf-autocast.json"
 echo "actguide f32 ..." >&2
-target/release/actguide dev bench-model "$model" --batches "$batches" --json > "$out/actguide-f32.json"
-echo "actguide bf16 rollout weights ..." >&2
-target/release/actguide dev bench-model "$model" --batches "$batches" --rollout-bf16 --json > "$out/actguide-bf16.json"
-python3 scripts/compare_hf.py "$out/hf.json" "$out/actguide-f32.json" "$out/actguide-bf16.json" | tee "$out/table.md"
+target/release/actguide dev bench-model "$model" --batches "$batches" --f32 --json > "$out/actguide-f32.json"
+echo "actguide default path ..." >&2
+target/release/actguide dev bench-model "$model" --batches "$batches" --json > "$out/actguide-default.json"
+python3 scripts/compare_hf.py "$out/hf.json" "$out/hf-autocast.json" "$out/actguide-f32.json" "$out/actguide-default.json" | tee "$out/table.md"

@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """The comparison table from scripts/compare-hf.sh's JSON files.
 
-    python3 scripts/compare_hf.py HF.json ACTGUIDE_F32.json [ACTGUIDE_BF16.json]
+    python3 scripts/compare_hf.py HF_F32.json HF_AUTOCAST.json ACTGUIDE_F32.json ACTGUIDE_DEFAULT.json
 
 Ratios are actguide / HF for throughput (decode and train tokens/s: higher
-is better) and actguide / HF for prefill seconds (lower is better). Each
-figure is the fastest of the side's timed runs (both benchmarks report it);
-the runs' spread is printed under the table.
+is better) and actguide / HF for prefill seconds (lower is better), against
+HF in f32 unless the column says autocast. "default" is actguide with no
+precision flag: the path it picks on this CPU (its kernel line says which).
+Each figure is the fastest of the side's timed runs (both benchmarks report
+it); the runs' spread is printed under the table.
 """
 import json
 import sys
@@ -18,52 +20,53 @@ def rows(path):
 
 
 def main():
-    hf, hfr = rows(sys.argv[1])
-    f32, f32r = rows(sys.argv[2])
-    bf = rows(sys.argv[3]) if len(sys.argv) > 3 else None
-    print(f"- HF: {hf['implementation']}")
-    print(f"- actguide: {f32['implementation']}")
-    if bf:
-        print(f"- actguide bf16: {bf[0]['implementation']}")
+    if len(sys.argv) != 5:
+        sys.exit(__doc__)
+    (hf, hfr), (amp, ampr), (f32, f32r), (dft, dftr) = (rows(p) for p in sys.argv[1:5])
+    print(f"- HF f32: {hf['implementation']}")
+    print(f"- HF autocast: {amp['implementation']}")
+    print(f"- actguide f32: {f32['implementation']}")
+    print(f"- actguide default: {dft['implementation']}")
+    print(f"- CPU and kernels: {dft.get('kernels', '?')}")
     print(f"- threads {f32['threads']}; fastest of {f32['repeats']} runs each, after a warm-up; model {f32['model']}\n")
-    head = "| batch | decode tok/s HF | actguide f32 (×HF) |"
-    sep = "|---:|---:|---:|"
-    if bf:
-        head += " bf16 rollout (×HF) |"
-        sep += "---:|"
-    head += " prefill s HF | actguide f32 (×HF) |"
-    sep += "---:|---:|"
-    if bf:
-        head += " bf16 rollout (×HF) |"
-        sep += "---:|"
-    head += " train tok/s HF | actguide (×HF) |"
-    sep += "---:|---:|"
-    print(head)
-    print(sep)
+    print(
+        "| batch | decode tok/s HF f32 | HF autocast | actguide f32 (×HF) | actguide default (×HF) "
+        "| prefill s HF f32 | HF autocast | actguide f32 (×HF) | actguide default (×HF) "
+        "| train tok/s HF f32 | HF autocast | actguide f32 (×HF) | actguide default (×HF f32, ×autocast) |"
+    )
+    print("|---:|" + "---:|" * 12)
     for b in sorted(hfr):
-        h, a = hfr[b], f32r.get(b)
-        if a is None:
+        h, m, a, d = hfr[b], ampr.get(b), f32r.get(b), dftr.get(b)
+        if a is None or d is None or m is None:
             continue
-        c = bf[1].get(b) if bf else None
-        line = f"| {b} | {h['decode_tok_s']:.1f} | {a['decode_tok_s']:.1f} ({a['decode_tok_s'] / h['decode_tok_s']:.2f}×) |"
-        if bf:
-            line += f" {c['decode_tok_s']:.1f} ({c['decode_tok_s'] / h['decode_tok_s']:.2f}×) |"
-        line += f" {h['prefill_s']:.3f} | {a['prefill_s']:.3f} ({a['prefill_s'] / h['prefill_s']:.2f}×) |"
-        if bf:
-            line += f" {c['prefill_s']:.3f} ({c['prefill_s'] / h['prefill_s']:.2f}×) |"
-        line += f" {h['train_tok_s']:.1f} | {a['train_tok_s']:.1f} ({a['train_tok_s'] / h['train_tok_s']:.2f}×) |"
+
+        def tput(key, x):
+            return f"{x[key]:.1f} ({x[key] / h[key]:.2f}×)"
+
+        def secs(x):
+            return f"{x['prefill_s']:.3f} ({x['prefill_s'] / h['prefill_s']:.2f}×)"
+
+        line = (
+            f"| {b} | {h['decode_tok_s']:.1f} | {m['decode_tok_s']:.1f} | {tput('decode_tok_s', a)} | {tput('decode_tok_s', d)} "
+            f"| {h['prefill_s']:.3f} | {m['prefill_s']:.3f} | {secs(a)} | {secs(d)} "
+            f"| {h['train_tok_s']:.1f} | {m['train_tok_s']:.1f} | {tput('train_tok_s', a)} "
+            f"| {d['train_tok_s']:.1f} ({d['train_tok_s'] / h['train_tok_s']:.2f}×, {d['train_tok_s'] / m['train_tok_s']:.2f}×) |"
+        )
         print(line)
     spread = []
-    for name, side in [("HF", hfr), ("actguide f32", f32r)] + ([("bf16 rollout", bf[1])] if bf else []):
+    for name, side in [("HF f32", hfr), ("HF autocast", ampr), ("actguide f32", f32r), ("actguide default", dftr)]:
         worst = max(
             (max(row[k]) / min(row[k]) for row in side.values() for k in ("prefill_s_runs", "generate_s_runs", "train_s_runs") if row.get(k)),
             default=1.0,
         )
         spread.append(f"{name} {100 * (worst - 1):.0f} %")
     print("\nlargest spread between a measurement's slowest and fastest run: " + ", ".join(spread))
-    if bf:
-        mm = ", ".join(f"{b}: {r['decode_logp_mismatch']:.4f}" for b, r in sorted(bf[1].items()))
-        print(f"\nbf16 rollout weights, mean |Δlogp| of the decoded tokens against f32 scoring, by batch: {mm}")
+    mm = ", ".join(f"{b}: {r['decode_logp_mismatch']:.4f}" for b, r in sorted(dftr.items()))
+    print(f"\nactguide default, mean |Δlogp| of the decoded tokens against f32 scoring, by batch: {mm}")
+    loss = ", ".join(
+        f"{b}: {dftr[b]['train_loss']:.4f} vs {f32r[b]['train_loss']:.4f}" for b in sorted(dftr) if b in f32r
+    )
+    print(f"actguide train loss, default vs f32, by batch: {loss}")
 
 
 if __name__ == "__main__":

@@ -86,11 +86,30 @@ struct BenchModelArgs {
     dtype: Option<Precision>,
     /// Generate from bf16 copies of the weights (CPU, with MKL); the
     /// |Δlogp| column is then the behaviour mismatch against f32 scoring.
-    #[arg(long)]
-    rollout_bf16: bool,
+    /// Bare or `on`: on; `off`: f32; absent: this CPU's default (on with
+    /// AMX-BF16 and MKL, see the run header's kernel line).
+    #[arg(long, value_name = "on|off", num_args = 0..=1, default_missing_value = "on", value_parser = on_off)]
+    rollout_bf16: Option<bool>,
+    /// Train with bf16 products and f32 accumulation (CPU, with MKL); as
+    /// `--rollout-bf16`.
+    #[arg(long, value_name = "on|off", num_args = 0..=1, default_missing_value = "on", value_parser = on_off)]
+    mixed_precision: Option<bool>,
+    /// f32 everywhere: `--rollout-bf16 off --mixed-precision off`.
+    #[arg(long, conflicts_with_all = ["rollout_bf16", "mixed_precision"])]
+    f32: bool,
     /// Print JSON.
     #[arg(long)]
     json: bool,
+}
+
+/// `on` / `off` (also `true` / `false`) for a setting whose absence means
+/// "this machine's default".
+fn on_off(s: &str) -> std::result::Result<bool, String> {
+    match s {
+        "on" | "true" => Ok(true),
+        "off" | "false" => Ok(false),
+        _ => Err(format!("expected on or off, got {s:?}")),
+    }
 }
 
 fn bench_model(a: BenchModelArgs) -> Result<()> {
@@ -109,7 +128,8 @@ fn bench_model(a: BenchModelArgs) -> Result<()> {
         }),
         device: a.device.or_cpu(),
         dtype: a.dtype,
-        rollout_bf16: a.rollout_bf16,
+        rollout_bf16: if a.f32 { Some(false) } else { a.rollout_bf16 },
+        mixed_precision: if a.f32 { Some(false) } else { a.mixed_precision },
         ..Default::default()
     })?;
     print_report(&report, a.json)

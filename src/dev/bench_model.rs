@@ -71,8 +71,12 @@ pub struct ModelBenchConfig {
     pub device: crate::model::device::DeviceSpec,
     /// Compute precision; `None`: the device's default (bf16 on CUDA).
     pub dtype: Option<crate::model::Precision>,
-    /// Generate from bf16 weight copies ([`Policy::set_rollout_bf16`]).
-    pub rollout_bf16: bool,
+    /// Generate from bf16 weight copies ([`Policy::set_rollout_bf16`]);
+    /// `None`: this CPU's default ([`crate::model::Kernels`]).
+    pub rollout_bf16: Option<bool>,
+    /// Train with bf16 products ([`Policy::set_mixed_precision`]); `None`
+    /// as for `rollout_bf16`.
+    pub mixed_precision: Option<bool>,
 }
 
 impl Default for ModelBenchConfig {
@@ -89,7 +93,8 @@ impl Default for ModelBenchConfig {
             lr: 1e-6,
             device: Default::default(),
             dtype: None,
-            rollout_bf16: false,
+            rollout_bf16: None,
+            mixed_precision: None,
         }
     }
 }
@@ -135,6 +140,9 @@ pub struct ModelBenchRow {
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct ModelBenchReport {
     pub implementation: String,
+    /// The kernel line of run headers: the CPU (model, flags, class) and
+    /// the bf16 choices.
+    pub kernels: String,
     pub model: String,
     pub params: usize,
     pub vocab_size: usize,
@@ -150,6 +158,7 @@ pub struct ModelBenchReport {
 impl std::fmt::Display for ModelBenchReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(f, "implementation {}", self.implementation)?;
+        writeln!(f, "kernels        {}", self.kernels)?;
         writeln!(f, "model          {}", self.model)?;
         writeln!(
             f,
@@ -329,7 +338,8 @@ pub fn run(cfg: &ModelBenchConfig) -> Result<ModelBenchReport, ModelBenchError> 
     if let Some(l) = &cfg.lora {
         policy = policy.with_lora(l, &mut seed::rng(cfg.seed, &[seed::label("lora")]))?;
     }
-    policy.set_rollout_bf16(cfg.rollout_bf16)?;
+    crate::model::Kernels::detect(&policy, cfg.rollout_bf16, cfg.mixed_precision)
+        .apply(&mut policy)?;
     let load_s = t0.elapsed().as_secs_f64();
     run_with(&policy, &cfg.model.display().to_string(), load_s, cfg)
 }
@@ -430,16 +440,18 @@ pub fn run_with(
         implementation: format!(
             "actguide (candle, {}{}, {})",
             policy.precision(),
-            if policy.rollout_bf16() {
-                ", bf16 rollout weights"
-            } else {
-                ""
+            match (policy.rollout_bf16(), policy.mixed_precision()) {
+                (true, true) => ", bf16 rollout weights, mixed-precision training",
+                (true, false) => ", bf16 rollout weights",
+                (false, true) => ", mixed-precision training",
+                (false, false) => "",
             },
             match policy.device() {
                 Device::Cpu => format!("CPU, matmul: {}", crate::model::matmul_backend()),
                 d => format!("{d:?}"),
             }
         ),
+        kernels: crate::model::Kernels::of(policy).line(),
         model: model_name.to_string(),
         params: policy.num_params(),
         vocab_size: vocab,

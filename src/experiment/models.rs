@@ -45,8 +45,14 @@ pub fn trained(
     device: &Device,
 ) -> Result<Policy, ModelError> {
     let mut p = trained_weights(exp, src, resumed, device)?;
-    p.set_rollout_bf16(exp.model.rollout_bf16)?;
+    kernels(exp, &p).apply(&mut p)?;
     Ok(p)
+}
+
+/// The bf16 choices for the trained policy `p`: the experiment's explicit
+/// settings, else the defaults for this CPU ([`crate::model::Kernels`]).
+pub fn kernels(exp: &Experiment, p: &Policy) -> crate::model::Kernels {
+    crate::model::Kernels::detect(p, exp.model.rollout_bf16, exp.model.mixed_precision)
 }
 
 fn trained_weights(

@@ -15,6 +15,9 @@
 //!   [`Policy::save_hf_dir`] (`config.json` + single or sharded
 //!   safetensors), [`Policy::load_safetensors`] /
 //!   [`Policy::save_safetensors`].
+//! - [`kernels`]: [`Kernels`], the CPU path chosen at start-up (bf16
+//!   rollout weights and mixed-precision training where the CPU has AMX
+//!   and MKL is loaded, f32 elsewhere) and the header line that names it.
 //! - [`llama`]: [`Policy`], the model, one concept per file: its weights
 //!   (random init, building from named tensors), the decoder block,
 //!   differentiable scoring ([`Policy::score`]) for training, and batched,
@@ -53,6 +56,7 @@ pub mod gguf;
 pub mod gguf_file;
 pub mod gguf_tokenizer;
 pub mod hf;
+pub mod kernels;
 pub mod llama;
 pub mod lora;
 pub mod memory;
@@ -72,9 +76,10 @@ pub use llama::{
     note_weights_changed, GenerateOptions, Generated, Policy, ScoreBatch, ScoreOutput,
 };
 pub use lora::{LoraConfig, Proj};
+pub use kernels::{CpuInfo, Kernels};
 pub use ops::{
-    cpu_has_amx_bf16, fused_attention_available, matmul_backend, packed_f32_rollout_bytes,
-    packed_rollout_bytes,
+    cpu_has_amx_bf16, fused_attention_available, matmul_backend, mixed_precision_available,
+    packed_f32_rollout_bytes, packed_rollout_bytes,
 };
 pub use precision::Precision;
 pub use source::ModelSource;

@@ -91,8 +91,17 @@ pub struct ModelSection {
     /// then rescores π_old in f32 and weights each token by the truncated
     /// importance ratio min(π_old / π_bf16, 2), as for an inference engine;
     /// each step's `rollout_bf16` record in metrics.jsonl gives the mismatch.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub rollout_bf16: bool,
+    /// Absent: chosen at start-up ([`crate::model::Kernels`]): on where the
+    /// CPU has AMX-BF16 and MKL is loaded, for models larger than the tiny
+    /// ones; off elsewhere.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout_bf16: Option<bool>,
+    /// Mixed-precision training: the trained pass's products in bf16 with
+    /// f32 accumulation, f32 master weights and AdamW state
+    /// ([`crate::model::Policy::set_mixed_precision`]). Absent: chosen at
+    /// start-up like `rollout_bf16`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mixed_precision: Option<bool>,
 }
 
 impl ModelSection {

@@ -356,7 +356,12 @@ impl Policy {
     pub(in crate::model) fn base_linear(&self, x: &Tensor, w: &Tensor) -> Result<Tensor> {
         // Only when a gradient flows through `x` (scoring the trained
         // policy); generation and the frozen reference build no graph.
-        if self.lora.is_some() && x.track_op() {
+        if self.mixed_precision && x.track_op() {
+            // bf16 products for the pass that trains (a LoRA base is
+            // detached, so it gets no weight gradient here either).
+            let w = if self.lora.is_some() { w.detach() } else { w.clone() };
+            ops::mixed_linear(x, &w)
+        } else if self.lora.is_some() && x.track_op() {
             ops::frozen_linear(x, w)
         } else {
             linear(x, w)

@@ -102,6 +102,8 @@ pub struct Policy {
     /// Generate from bf16 copies of the projection and head weights (see
     /// [`Policy::set_rollout_bf16`]).
     rollout_bf16: bool,
+    /// Train with bf16 products (see [`Policy::set_mixed_precision`]).
+    mixed_precision: bool,
     /// The last bf16 rollout weights, keyed by the source tensors' ids and
     /// the weights epoch (so an optimiser step or a replaced tensor
     /// rebuilds them).
@@ -170,6 +172,7 @@ impl Policy {
             lora,
             dropout_rng: Mutex::new(None),
             rollout_bf16: false,
+            mixed_precision: false,
             rollout_cache: Mutex::new(None),
         }
     }
@@ -242,6 +245,37 @@ impl Policy {
     /// Whether generation uses bf16 weight copies.
     pub fn rollout_bf16(&self) -> bool {
         self.rollout_bf16
+    }
+
+    /// Mixed-precision training on the CPU: the projections and LM head of
+    /// every pass that builds a graph (the trained policy's scoring) take
+    /// their products in bf16 with f32 accumulation, forward and backward,
+    /// as PyTorch's CPU autocast does; weights, activations, gradients and
+    /// AdamW state stay f32, and so do norms, attention, the log-softmax
+    /// and every pass without a graph (generation, π_old and reference
+    /// scoring). Only on the CPU, in f32, with a BLAS that has bf16
+    /// products (MKL); it pays where the CPU multiplies bf16 in hardware
+    /// (AMX), see [`crate::model::Kernels`].
+    pub fn set_mixed_precision(&mut self, on: bool) -> Result<()> {
+        if on
+            && !(self.device.is_cpu()
+                && self.dtype == DType::F32
+                && crate::model::ops::mixed_precision_available())
+        {
+            return Err(crate::model::ModelError::InvalidArgument(format!(
+                "mixed-precision training needs the CPU, f32 compute and a BLAS with bf16 products (MKL: scripts/install-mkl.sh); here: {:?}, {:?}, matmul {}",
+                self.device,
+                self.dtype,
+                crate::model::matmul_backend()
+            )));
+        }
+        self.mixed_precision = on;
+        Ok(())
+    }
+
+    /// Whether training takes bf16 products.
+    pub fn mixed_precision(&self) -> bool {
+        self.mixed_precision
     }
 
     /// Weights for generation: detached, with any adapters merged in (one
@@ -373,6 +407,18 @@ impl Policy {
     /// Number of scalar parameters (tied head counted once).
     pub fn num_params(&self) -> usize {
         self.w.named().iter().map(|(_, t)| t.elem_count()).sum()
+    }
+
+    /// Elements of the rank-2 weights other than the token embedding (the
+    /// products' weights, LM head included): what decides whether the model
+    /// stays in the CPU's caches.
+    pub fn product_elems(&self) -> usize {
+        self.w
+            .named()
+            .iter()
+            .filter(|(n, t)| t.rank() == 2 && !n.contains("embed_tokens"))
+            .map(|(_, t)| t.elem_count())
+            .sum()
     }
 
     /// Number of trainable scalars: every weight for full training, the

@@ -10,7 +10,7 @@ use std::sync::{Arc, LazyLock, Mutex};
 
 use candle_core::TensorId;
 
-use super::blas::{blas, rust_gemm_for, wide_rust_gemm, Blas, PackedBf16};
+use super::blas::{bf16_vec, blas, rust_gemm_for, wide_rust_gemm, Blas, PackedBf16};
 use super::skinny::{self, PackedF32};
 use super::{f32_slice, fused, Fused1, Fused2, Input, Kernel1, Kernel2};
 use crate::model::error::Result;
@@ -45,6 +45,103 @@ pub(crate) fn frozen_linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
         return Ok(x.contiguous()?.apply_op1(Fused1(FrozenLinear { w }))?);
     }
     Ok(x.matmul(&w.t()?)?)
+}
+
+/// [`linear`] (or, for a detached `w`, [`frozen_linear`]) with the
+/// products in bf16 and f32 accumulation: mixed-precision training as
+/// PyTorch's CPU autocast runs it. Both operands are rounded to bf16 for
+/// the forward product and kept for the backward, whose products (`dx = dy
+/// w`, `dw = dyᵀ x`, each only for a tracked operand) round `dy` too;
+/// outputs and gradients stay f32, so master weights and AdamW state are
+/// untouched. Where the BLAS has no bf16 products, or the operands are not
+/// f32 CPU matrices, this is [`linear`] / [`frozen_linear`].
+pub(crate) fn mixed_linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    let Some(blas) = blas().filter(|b| b.has_bf16()) else {
+        return plain(x, w);
+    };
+    if !(fused(x) && fused(w) && x.rank() == 2 && w.rank() == 2) {
+        return plain(x, w);
+    }
+    Ok(x.contiguous()?.apply_op2(
+        &w.contiguous()?,
+        Fused2(MixedLinear {
+            blas,
+            saved: Mutex::new(None),
+        }),
+    )?)
+}
+
+/// [`linear`] for a tracked `w`, [`frozen_linear`] for a detached one.
+fn plain(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    if w.track_op() {
+        linear(x, w)
+    } else {
+        frozen_linear(x, w)
+    }
+}
+
+/// Whether mixed-precision products ([`mixed_linear`]) run here: a loaded
+/// BLAS with bf16 products (MKL).
+pub fn mixed_precision_available() -> bool {
+    bf16_rollouts_available()
+}
+
+/// `y = x wᵀ` on bf16 operands; the rounded operands are kept for the
+/// backward (as autocast keeps its casts).
+struct MixedLinear {
+    blas: &'static Blas,
+    saved: Mutex<Option<(Vec<u16>, Vec<u16>)>>,
+}
+
+impl Kernel2 for MixedLinear {
+    const NAME: &'static str = "actguide-mixed-linear";
+
+    fn forward(&self, x: Input<'_>, w: Input<'_>) -> candle_core::Result<(Vec<f32>, Shape)> {
+        let ((m, k), (n, k2)) = (x.shape.dims2()?, w.shape.dims2()?);
+        if k != k2 {
+            candle_core::bail!("{}: x {:?} against w {:?}", Self::NAME, x.shape, w.shape);
+        }
+        let (xb, wb) = (bf16_vec(x.data), bf16_vec(w.data));
+        let y = self
+            .blas
+            .gemm_bf16(false, true, m, n, k, &xb, &wb)
+            .expect("checked has_bf16");
+        *self.saved.lock().unwrap_or_else(|e| e.into_inner()) = Some((xb, wb));
+        Ok((y, Shape::from((m, n))))
+    }
+
+    fn backward(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _res: &Tensor,
+        dy: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+        let ((m, k), (n, _)) = (x.dims2()?, w.dims2()?);
+        // The backward runs once per graph; the operands are freed after.
+        let Some((xb, wb)) = self.saved.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+            candle_core::bail!("{}: backward without a forward", Self::NAME)
+        };
+        let dy = with_f32(&dy.contiguous()?, bf16_vec)?;
+        let product = |ta, tb, m, n, k, a: &[u16], b: &[u16]| {
+            self.blas
+                .gemm_bf16(ta, tb, m, n, k, a, b)
+                .expect("checked has_bf16")
+        };
+        let dx = if x.track_op() {
+            let v = product(false, false, m, k, n, &dy, &wb);
+            Some(Tensor::from_vec(v, (m, k), &Device::Cpu)?)
+        } else {
+            None
+        };
+        let dw = if w.track_op() {
+            let v = product(true, false, n, k, m, &dy, &xb);
+            Some(Tensor::from_vec(v, (n, k), &Device::Cpu)?)
+        } else {
+            None
+        };
+        Ok((dx, dw))
+    }
 }
 
 /// Whether bf16 rollout weights can run here: a loaded BLAS with bf16

@@ -36,9 +36,12 @@ pub(crate) use attention::{attention, Visible};
 pub use blas::matmul_backend;
 pub(crate) use bmm::bmm;
 pub(crate) use linear::{
-    bf16_rollouts_available, f32_rollout_packs, frozen_linear, linear, PackedWeights,
+    bf16_rollouts_available, f32_rollout_packs, frozen_linear, linear, mixed_linear,
+    PackedWeights,
 };
-pub use linear::{cpu_has_amx_bf16, packed_f32_rollout_bytes, packed_rollout_bytes};
+pub use linear::{
+    cpu_has_amx_bf16, mixed_precision_available, packed_f32_rollout_bytes, packed_rollout_bytes,
+};
 pub(crate) use logp::logp_entropy;
 pub(crate) use norm::rms_norm;
 pub(crate) use rope::{rope_heads_first, RopeTables};
