@@ -30,6 +30,9 @@ enum DevCmd {
     /// Measure decode and train tokens/s of a model (GGUF file or HF
     /// folder) on random token sequences, per batch size.
     BenchModel(BenchModelArgs),
+    /// Seconds per single-turn GRPO step of a model (generation and update
+    /// apart): the workload scripts/compare-trl.sh also runs on TRL.
+    BenchGrpo(BenchGrpoArgs),
     /// Rollout throughput of an experiment's model: built-in generation
     /// against its `rollout.engine` with 1, 2, … servers.
     BenchRollouts(BenchRolloutsArgs),
@@ -46,6 +49,7 @@ pub fn run(a: DevArgs) -> Result<()> {
     match a.cmd {
         DevCmd::Bench(a) => bench(a),
         DevCmd::BenchModel(a) => bench_model(a),
+        DevCmd::BenchGrpo(a) => bench_grpo(a),
         DevCmd::BenchRollouts(a) => bench_rollouts(a),
         DevCmd::CheckDevice(a) => check_device(a),
         DevCmd::EngineReference(a) => engine_reference(a),
@@ -100,6 +104,76 @@ struct BenchModelArgs {
     /// Print JSON.
     #[arg(long)]
     json: bool,
+}
+
+// Flags of `actguide dev bench-grpo`.
+#[derive(Args)]
+struct BenchGrpoArgs {
+    /// A .gguf file or a HF model folder.
+    model: PathBuf,
+    /// A JSON list of prompts as token-id lists (default: random ids).
+    #[arg(long)]
+    prompt_file: Option<PathBuf>,
+    /// Prompts per step.
+    #[arg(value_parser = super::ranges::at_least(1), long, default_value_t = 8)]
+    prompts: usize,
+    /// Tokens of each random prompt (without --prompt-file).
+    #[arg(value_parser = super::ranges::at_least(1), long, default_value_t = 64)]
+    prompt_len: usize,
+    /// Completions per prompt.
+    #[arg(value_parser = super::ranges::at_least(2), long, default_value_t = 8)]
+    group: usize,
+    /// Tokens per completion (exactly).
+    #[arg(value_parser = super::ranges::at_least(1), long, default_value_t = 32)]
+    new_tokens: usize,
+    /// Timed steps, after one warm-up step.
+    #[arg(value_parser = super::ranges::at_least(1), long, default_value_t = 3)]
+    steps: usize,
+    /// Sequences per forward/backward.
+    #[arg(value_parser = super::ranges::at_least(1), long, default_value_t = 64)]
+    micro_batch: usize,
+    /// LoRA rank (alpha = 2 rank, every projection); 0: full fine-tuning.
+    #[arg(long, default_value_t = 8)]
+    lora_rank: usize,
+    #[arg(long, default_value_t = 1e-5)]
+    lr: f64,
+    /// As for bench-model.
+    #[arg(long, value_name = "on|off", num_args = 0..=1, default_missing_value = "on", value_parser = on_off)]
+    rollout_bf16: Option<bool>,
+    /// As for bench-model.
+    #[arg(long, value_name = "on|off", num_args = 0..=1, default_missing_value = "on", value_parser = on_off)]
+    mixed_precision: Option<bool>,
+    /// f32 everywhere.
+    #[arg(long, conflicts_with_all = ["rollout_bf16", "mixed_precision"])]
+    f32: bool,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+fn bench_grpo(a: BenchGrpoArgs) -> Result<()> {
+    let report = actguide::dev::bench_grpo::run(&actguide::dev::bench_grpo::GrpoBenchConfig {
+        model: a.model,
+        prompt_file: a.prompt_file,
+        prompts: a.prompts,
+        prompt_len: a.prompt_len,
+        group: a.group,
+        new_tokens: a.new_tokens,
+        steps: a.steps,
+        lr: a.lr,
+        micro_batch: a.micro_batch,
+        lora: (a.lora_rank > 0).then(|| LoraConfig {
+            rank: a.lora_rank,
+            alpha: 2.0 * a.lora_rank as f64,
+            ..Default::default()
+        }),
+        rollout_bf16: if a.f32 { Some(false) } else { a.rollout_bf16 },
+        mixed_precision: if a.f32 { Some(false) } else { a.mixed_precision },
+        seed: a.seed,
+    })?;
+    print_report(&report, a.json)
 }
 
 /// `on` / `off` (also `true` / `false`) for a setting whose absence means

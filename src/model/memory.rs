@@ -128,6 +128,11 @@ pub struct Footprint {
     /// (`model.rollout_bf16`, or f32 where the decode kernel runs; 0
     /// otherwise), held all run long.
     pub rollout_copies: u64,
+    /// Bytes of the bf16 copies of the product weights that mixed-precision
+    /// training holds (`model.mixed_precision`): under LoRA the frozen
+    /// base's, made once; in full training each pass's, kept for its
+    /// backward. 0 without mixed precision.
+    pub mixed_copies: u64,
 }
 
 impl Footprint {
@@ -142,6 +147,11 @@ impl Footprint {
                 && policy.precision() == Precision::F32
                 && crate::model::fused_attention_available(),
             rollout_copies: rollout_copy_bytes(policy),
+            mixed_copies: if policy.mixed_precision() {
+                2 * policy.product_elems() as u64
+            } else {
+                0
+            },
         }
     }
 }
@@ -169,6 +179,7 @@ impl Footprint {
             lora,
             fused_attention: true,
             rollout_copies: 0,
+            mixed_copies: 0,
         }
     }
 }
@@ -245,7 +256,7 @@ pub fn estimate_for(m: &Footprint, shape: &RunShape) -> MemoryEstimate {
     // Full training: every weight is an f32 master; under LoRA the base
     // is frozen in the compute dtype and only the adapters are f32.
     let frozen = if lora { total } else { 0 };
-    let weights = frozen * p.bytes() as u64 + trained * 4 + m.rollout_copies;
+    let weights = frozen * p.bytes() as u64 + trained * 4 + m.rollout_copies + m.mixed_copies;
     let optimizer = trained * 3 * 4;
     let reference = if shape.reference {
         total * p.bytes() as u64
@@ -431,6 +442,7 @@ mod tests {
             lora,
             fused_attention: false,
             rollout_copies: 0,
+            mixed_copies: 0,
         }
     }
 

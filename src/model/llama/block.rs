@@ -312,11 +312,17 @@ impl Policy {
 
     /// SwiGLU MLP of the normed rows `h`, down projection included.
     fn mlp(&self, lw: &LayerW, h: &Tensor) -> Result<Tensor> {
-        let gu_w = match &lw.gu {
-            Some(gu) => gu.clone(),
-            None => Tensor::cat(&[&lw.gate, &lw.up], 0)?,
+        let frozen = self.frozen_mixed(h, &[&lw.gate, &lw.up])?;
+        let mut gu = match frozen {
+            Some(gu) => gu,
+            None => {
+                let gu_w = match &lw.gu {
+                    Some(gu) => gu.clone(),
+                    None => Tensor::cat(&[&lw.gate, &lw.up], 0)?,
+                };
+                self.base_linear(h, &gu_w)?
+            }
         };
-        let mut gu = self.base_linear(h, &gu_w)?;
         let (dg, du) = (
             self.lora_delta(lw, Proj::Gate, h)?,
             self.lora_delta(lw, Proj::Up, h)?,
@@ -356,6 +362,9 @@ impl Policy {
     pub(in crate::model) fn base_linear(&self, x: &Tensor, w: &Tensor) -> Result<Tensor> {
         // Only when a gradient flows through `x` (scoring the trained
         // policy); generation and the frozen reference build no graph.
+        if let Some(y) = self.frozen_mixed(x, &[w])? {
+            return Ok(y);
+        }
         if self.mixed_precision && x.track_op() {
             // bf16 products for the pass that trains (a LoRA base is
             // detached, so it gets no weight gradient here either).
@@ -366,6 +375,20 @@ impl Policy {
         } else {
             linear(x, w)
         }
+    }
+
+    /// Under LoRA with mixed precision, in the pass that trains: `x` times
+    /// the frozen weights `ws` (stacked by rows) from their bf16 copy,
+    /// rounded once per run instead of once per pass; `None` elsewhere.
+    fn frozen_mixed(&self, x: &Tensor, ws: &[&Tensor]) -> Result<Option<Tensor>> {
+        if !(self.mixed_precision && self.lora.is_some() && x.track_op()) {
+            return Ok(None);
+        }
+        if ws.iter().any(|w| w.track_op() || !w.device().is_cpu()) {
+            return Ok(None);
+        }
+        let w = self.frozen_bf16(ws)?;
+        ops::mixed_frozen_linear(x, &w)
     }
 
     /// Logits `(rows, vocab)` from pre-norm hidden rows `(rows, hidden)`,

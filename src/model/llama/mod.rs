@@ -46,9 +46,9 @@
 //! safetensors I/O in [`crate::model::hf`], GGUF I/O in
 //! [`crate::model::gguf`].
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use candle_core::{DType, Device, Tensor, Var};
 use rand_chacha::ChaCha8Rng;
@@ -104,6 +104,10 @@ pub struct Policy {
     rollout_bf16: bool,
     /// Train with bf16 products (see [`Policy::set_mixed_precision`]).
     mixed_precision: bool,
+    /// Under LoRA with mixed precision: the frozen base's product weights
+    /// in bf16, rounded once, keyed by the ids of the tensors each was
+    /// made from (two for the fused gate/up).
+    frozen_bf16: Mutex<HashMap<Vec<candle_core::TensorId>, Arc<crate::model::ops::FrozenBf16>>>,
     /// The last bf16 rollout weights, keyed by the source tensors' ids and
     /// the weights epoch (so an optimiser step or a replaced tensor
     /// rebuilds them).
@@ -173,6 +177,7 @@ impl Policy {
             dropout_rng: Mutex::new(None),
             rollout_bf16: false,
             mixed_precision: false,
+            frozen_bf16: Mutex::new(HashMap::new()),
             rollout_cache: Mutex::new(None),
         }
     }
@@ -270,7 +275,39 @@ impl Policy {
             )));
         }
         self.mixed_precision = on;
+        if !on {
+            self.frozen_bf16
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clear();
+        }
         Ok(())
+    }
+
+    /// The bf16 copy of the frozen weights `ws` stacked by rows, made on
+    /// first use (see `frozen_bf16`).
+    pub(in crate::model) fn frozen_bf16(
+        &self,
+        ws: &[&Tensor],
+    ) -> Result<Arc<crate::model::ops::FrozenBf16>> {
+        let key: Vec<candle_core::TensorId> = ws.iter().map(|w| w.id()).collect();
+        let mut map = self.frozen_bf16.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(w) = map.get(&key) {
+            return Ok(w.clone());
+        }
+        let w = Arc::new(crate::model::ops::FrozenBf16::of(ws)?);
+        map.insert(key, w.clone());
+        Ok(w)
+    }
+
+    /// Bytes of the frozen base's bf16 copies made so far.
+    pub fn frozen_bf16_bytes(&self) -> usize {
+        self.frozen_bf16
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .map(|w| w.bytes())
+            .sum()
     }
 
     /// Whether training takes bf16 products.
@@ -409,16 +446,18 @@ impl Policy {
         self.w.named().iter().map(|(_, t)| t.elem_count()).sum()
     }
 
-    /// Elements of the rank-2 weights other than the token embedding (the
-    /// products' weights, LM head included): what decides whether the model
-    /// stays in the CPU's caches.
+    /// Elements of the products' weights: the projections and the LM head
+    /// (the token embedding when tied). What decides whether the model stays
+    /// in the CPU's caches, and what bf16 copies of the weights hold.
     pub fn product_elems(&self) -> usize {
-        self.w
-            .named()
-            .iter()
-            .filter(|(n, t)| t.rank() == 2 && !n.contains("embed_tokens"))
-            .map(|(_, t)| t.elem_count())
-            .sum()
+        self.w.head().elem_count()
+            + self
+                .w
+                .layers
+                .iter()
+                .flat_map(|l| [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down])
+                .map(|t| t.elem_count())
+                .sum::<usize>()
     }
 
     /// Number of trainable scalars: every weight for full training, the

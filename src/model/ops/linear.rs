@@ -71,6 +71,98 @@ pub(crate) fn mixed_linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     )?)
 }
 
+/// A frozen weight `(n, k)` rounded to bf16 once (a LoRA base under mixed
+/// precision: it never changes, so it is not converted again per pass).
+pub(crate) struct FrozenBf16 {
+    bits: Vec<u16>,
+    n: usize,
+    k: usize,
+}
+
+impl FrozenBf16 {
+    /// `w (n, k)`, or the rows of several weights stacked (`cat` along
+    /// rows: the fused gate/up), rounded to bf16.
+    pub(crate) fn of(ws: &[&Tensor]) -> Result<FrozenBf16> {
+        let k = ws[0].dims2()?.1;
+        let mut bits = Vec::new();
+        let mut n = 0;
+        for w in ws {
+            let (wn, wk) = w.dims2()?;
+            if wk != k {
+                return Err(candle_core::Error::Msg(format!(
+                    "frozen bf16: stacked weights of {k} and {wk} columns"
+                ))
+                .into());
+            }
+            let c = w.to_dtype(DType::F32)?.contiguous()?;
+            bits.extend(with_f32(&c, bf16_vec)?);
+            n += wn;
+        }
+        Ok(FrozenBf16 { bits, n, k })
+    }
+
+    /// Bytes held.
+    pub(crate) fn bytes(&self) -> usize {
+        2 * self.bits.len()
+    }
+}
+
+/// `x @ wᵀ` for a frozen weight already in bf16 ([`FrozenBf16`]),
+/// differentiable in `x` (`dx = dy w`, in bf16 with f32 accumulation);
+/// `None` where [`mixed_linear`] would not run (then the caller takes the
+/// f32 weight's path).
+pub(crate) fn mixed_frozen_linear(x: &Tensor, w: &Arc<FrozenBf16>) -> Result<Option<Tensor>> {
+    let Some(blas) = blas().filter(|b| b.has_bf16()) else {
+        return Ok(None);
+    };
+    if !(fused(x) && x.rank() == 2) {
+        return Ok(None);
+    }
+    Ok(Some(x.contiguous()?.apply_op1(Fused1(MixedFrozen {
+        blas,
+        w: w.clone(),
+    }))?))
+}
+
+struct MixedFrozen {
+    blas: &'static Blas,
+    w: Arc<FrozenBf16>,
+}
+
+impl Kernel1 for MixedFrozen {
+    const NAME: &'static str = "actguide-mixed-frozen-linear";
+
+    fn forward(&self, x: Input<'_>) -> candle_core::Result<(Vec<f32>, Shape)> {
+        let (m, k) = x.shape.dims2()?;
+        let (n, wk) = (self.w.n, self.w.k);
+        if k != wk {
+            candle_core::bail!("{}: x {:?} against w ({n}, {wk})", Self::NAME, x.shape);
+        }
+        let xb = bf16_vec(x.data);
+        let y = self
+            .blas
+            .gemm_bf16(false, true, m, n, k, &xb, &self.w.bits)
+            .expect("checked has_bf16");
+        Ok((y, Shape::from((m, n))))
+    }
+
+    fn backward(
+        &self,
+        x: &Tensor,
+        _res: &Tensor,
+        dy: &Tensor,
+    ) -> candle_core::Result<Option<Tensor>> {
+        let (m, k) = x.dims2()?;
+        let n = self.w.n;
+        let dy = with_f32(&dy.contiguous()?, bf16_vec)?;
+        let v = self
+            .blas
+            .gemm_bf16(false, false, m, k, n, &dy, &self.w.bits)
+            .expect("checked has_bf16");
+        Ok(Some(Tensor::from_vec(v, (m, k), &Device::Cpu)?))
+    }
+}
+
 /// [`linear`] for a tracked `w`, [`frozen_linear`] for a detached one.
 fn plain(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     if w.track_op() {

@@ -36,8 +36,8 @@ pub(crate) use attention::{attention, Visible};
 pub use blas::matmul_backend;
 pub(crate) use bmm::bmm;
 pub(crate) use linear::{
-    bf16_rollouts_available, f32_rollout_packs, frozen_linear, linear, mixed_linear,
-    PackedWeights,
+    bf16_rollouts_available, f32_rollout_packs, frozen_linear, linear, mixed_frozen_linear,
+    mixed_linear, FrozenBf16, PackedWeights,
 };
 pub use linear::{
     cpu_has_amx_bf16, mixed_precision_available, packed_f32_rollout_bytes, packed_rollout_bytes,

@@ -346,7 +346,8 @@ fn grads_of(p: &Policy, b: &ScoreBatch) -> Vec<(String, Vec<f32>)> {
 /// with f32 accumulation give every trained tensor a non-zero gradient
 /// within a stated tolerance of f32's (relative L2 error per tensor ≤ 5 %,
 /// cosine ≥ 0.998; measured ≤ 2.9 %), scores within [`BF16_REL_TOL`], for full training and
-/// for LoRA (whose frozen base also multiplies in bf16); generation and
+/// for LoRA (whose frozen base multiplies from bf16 copies made once);
+/// generation and
 /// scoring without a graph stay exactly f32; and the setting is refused
 /// where it cannot run.
 #[test]
@@ -400,6 +401,14 @@ fn mixed_precision_gradients_match_f32() {
             worst = worst.max(rel);
         }
         assert!(worst > 0.0, "{what}: mixed gradients equal f32's exactly: not bf16?");
+        // A LoRA base is rounded once and kept (every product weight, the
+        // fused gate/up as one); full training keeps no copies.
+        let kept = m.frozen_bf16_bytes();
+        if m.lora().is_some() {
+            assert_eq!(kept, 2 * m.product_elems(), "{what}: frozen bf16 copies");
+        } else {
+            assert_eq!(kept, 0, "{what}");
+        }
         eprintln!("{what}: worst relative L2 gradient error {worst:.4}");
         // The tracked pass rounds, within the bf16 tolerance.
         let (lf, _) = score_vec(&f, &b);
