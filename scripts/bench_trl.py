@@ -73,6 +73,13 @@ def main():
     src = d if kw else a.model
     tok = AutoTokenizer.from_pretrained(src, **kw)
     model = AutoModelForCausalLM.from_pretrained(src, torch_dtype=torch.float32, **kw)
+    # A GGUF file is dequantised to f32 on load, yet transformers still
+    # marks the model as quantized and refuses to train it: clear the mark.
+    if kw:
+        model.hf_quantizer = None
+        model.is_quantized = False
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     prompts = [PROMPT.format(i=i) for i in range(a.prompts)]

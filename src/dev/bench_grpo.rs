@@ -4,7 +4,8 @@
 //!
 //! Per step: `prompts` prompts × `group` sampled completions of exactly
 //! `new_tokens` tokens each (temperature 1; the eos handed to `generate` is
-//! an id outside the vocabulary, as TRL's side sets `min_new_tokens`), a
+//! the last vocabulary id, a rare BPE token, as TRL's side sets
+//! `min_new_tokens`), a
 //! reward per completion (the share of its tokens with an even id: cheap,
 //! and it varies within a group, so every group has a gradient), group-
 //! normalised advantages, and one trainer step (PPO-clipped token loss,
@@ -258,9 +259,10 @@ fn one_step(
         temperature: 1.0,
         top_p: 1.0,
         greedy: false,
-        // Outside the vocabulary: never sampled, so every completion has
-        // exactly `new_tokens` tokens.
-        eos_token_id: policy.config().vocab_size as u32,
+        // Not the model's eos but the last vocabulary id, a rare BPE
+        // token (as in bench-model): completions run to `new_tokens`
+        // (the report counts the tokens generated).
+        eos_token_id: policy.config().vocab_size as u32 - 1,
     };
     let gens = policy.generate(&batch, &opts, None, rng)?;
     let generate_s = t0.elapsed().as_secs_f64();
