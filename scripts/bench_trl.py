@@ -27,6 +27,7 @@ alone is timed by wrapping `model.generate`. The first step is a warm-up;
 the JSON reports the timed steps, their fastest and their mean.
 """
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -158,7 +159,9 @@ def main():
         return out
 
     inner.generate = timed_generate
-    trainer.train()
+    # The trainer prints its logs to stdout; keep stdout for the report.
+    with contextlib.redirect_stdout(sys.stderr):
+        trainer.train()
     timed = steps[1:]
     for s in timed:
         s["update_s"] = s["step_s"] - s["generate_s"]

@@ -71,7 +71,7 @@ fn bench_model_rows_on_a_tiny_model() {
     assert_eq!(packed, usize::from(r.rollout_packed_bytes.is_some()));
     assert_eq!(
         text.lines().filter(|l| !l.is_empty()).count(),
-        5 + 1 + 2 + packed
+        6 + 1 + 2 + packed
     );
 }
 
@@ -95,4 +95,62 @@ fn bench_model_refuses_bad_inputs() {
         run(&not_model),
         Err(ModelBenchError::NotAModel(_))
     ));
+}
+
+/// `dev bench-grpo` end to end on the tiny model, LoRA and full training:
+/// every step generates exactly `prompts × group × new_tokens` tokens,
+/// trains (the LoRA adapters move), and reports positive timings whose
+/// parts add up; bad prompt files are refused with the file named.
+#[test]
+fn bench_grpo_steps_on_a_tiny_model() {
+    use actguide::dev::bench_grpo::{run as grpo, GrpoBenchConfig, GrpoBenchError};
+    let dir = tiny_model_dir();
+    for lora in [true, false] {
+        let mut cfg = GrpoBenchConfig {
+            model: dir.path().to_path_buf(),
+            prompts: 2,
+            prompt_len: 5,
+            group: 3,
+            new_tokens: 4,
+            steps: 2,
+            micro_batch: 4,
+            lr: 1e-3,
+            ..Default::default()
+        };
+        if !lora {
+            cfg.lora = None;
+        }
+        let r = grpo(&cfg).unwrap();
+        assert_eq!(r.steps.len(), 2);
+        assert_eq!(r.prompt_tokens, vec![5, 5]);
+        assert!(r.trainable_params > 0);
+        if lora {
+            assert!(r.trainable_params < 10_000, "{}", r.trainable_params);
+        }
+        for s in &r.steps {
+            assert_eq!(s.generated_tokens, 2 * 3 * 4);
+            assert!(s.generate_s > 0.0 && s.update_s > 0.0);
+            assert!((s.generate_s + s.update_s - s.step_s).abs() < 0.05 * s.step_s + 1e-3);
+            assert!((0.0..=1.0).contains(&s.mean_reward));
+        }
+        assert!(r.fastest.step_s <= r.mean_step_s + 1e-12);
+        assert!(r.kernels.contains("rollout weights f32"), "{}", r.kernels);
+    }
+    // A prompt file with an id outside the vocabulary.
+    let bad = dir.path().join("prompts.json");
+    std::fs::write(&bad, "[[1, 2, 3], [5, 1000]]").unwrap();
+    let cfg = GrpoBenchConfig {
+        model: dir.path().to_path_buf(),
+        prompt_file: Some(bad.clone()),
+        prompts: 2,
+        steps: 1,
+        ..Default::default()
+    };
+    match grpo(&cfg) {
+        Err(e @ GrpoBenchError::Prompts { .. }) => {
+            let m = e.to_string();
+            assert!(m.contains("prompts.json") && m.contains("1000"), "{m}");
+        }
+        other => panic!("{other:?}"),
+    }
 }

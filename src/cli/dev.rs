@@ -122,7 +122,7 @@ struct BenchGrpoArgs {
     prompt_len: usize,
     /// Completions per prompt.
     #[arg(value_parser = super::ranges::at_least(2), long, default_value_t = 8)]
-    group: usize,
+    group_size: usize,
     /// Tokens per completion (exactly).
     #[arg(value_parser = super::ranges::at_least(1), long, default_value_t = 32)]
     new_tokens: usize,
@@ -135,7 +135,8 @@ struct BenchGrpoArgs {
     /// LoRA rank (alpha = 2 rank, every projection); 0: full fine-tuning.
     #[arg(long, default_value_t = 8)]
     lora_rank: usize,
-    #[arg(long, default_value_t = 1e-5)]
+    /// AdamW learning rate.
+    #[arg(value_parser = super::ranges::positive, long, default_value_t = 1e-5)]
     lr: f64,
     /// As for bench-model.
     #[arg(long, value_name = "on|off", num_args = 0..=1, default_missing_value = "on", value_parser = on_off)]
@@ -159,7 +160,7 @@ fn bench_grpo(a: BenchGrpoArgs) -> Result<()> {
         prompt_file: a.prompt_file,
         prompts: a.prompts,
         prompt_len: a.prompt_len,
-        group: a.group,
+        group: a.group_size,
         new_tokens: a.new_tokens,
         steps: a.steps,
         lr: a.lr,
@@ -170,7 +171,11 @@ fn bench_grpo(a: BenchGrpoArgs) -> Result<()> {
             ..Default::default()
         }),
         rollout_bf16: if a.f32 { Some(false) } else { a.rollout_bf16 },
-        mixed_precision: if a.f32 { Some(false) } else { a.mixed_precision },
+        mixed_precision: if a.f32 {
+            Some(false)
+        } else {
+            a.mixed_precision
+        },
         seed: a.seed,
     })?;
     print_report(&report, a.json)
@@ -203,7 +208,11 @@ fn bench_model(a: BenchModelArgs) -> Result<()> {
         device: a.device.or_cpu(),
         dtype: a.dtype,
         rollout_bf16: if a.f32 { Some(false) } else { a.rollout_bf16 },
-        mixed_precision: if a.f32 { Some(false) } else { a.mixed_precision },
+        mixed_precision: if a.f32 {
+            Some(false)
+        } else {
+            a.mixed_precision
+        },
         ..Default::default()
     })?;
     print_report(&report, a.json)

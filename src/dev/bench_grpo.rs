@@ -232,7 +232,9 @@ fn prompts(cfg: &GrpoBenchConfig, policy: &Policy) -> Result<Vec<Vec<u32>>, Grpo
         )));
     }
     if let Some(bad) = all.iter().flatten().find(|&&t| t >= vocab) {
-        return Err(err(format!("token id {bad} outside the vocabulary ({vocab})")));
+        return Err(err(format!(
+            "token id {bad} outside the vocabulary ({vocab})"
+        )));
     }
     if all.iter().any(Vec::is_empty) {
         return Err(err("an empty prompt".into()));

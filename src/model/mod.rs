@@ -72,11 +72,11 @@ pub use config::{Arch, Family, ModelConfig, RopeScaling};
 pub use error::ModelError;
 pub use gguf::{gguf_config, GgmlDType, GgufFile};
 pub use gguf_tokenizer::GgufVocab;
+pub use kernels::{CpuInfo, Kernels};
 pub use llama::{
     note_weights_changed, GenerateOptions, Generated, Policy, ScoreBatch, ScoreOutput,
 };
 pub use lora::{LoraConfig, Proj};
-pub use kernels::{CpuInfo, Kernels};
 pub use ops::{
     cpu_has_amx_bf16, fused_attention_available, matmul_backend, mixed_precision_available,
     packed_f32_rollout_bytes, packed_rollout_bytes,

@@ -613,9 +613,7 @@ fn announce(
         test_tasks: ctx.test.len(),
     });
     if ctx.policy.device().is_cpu() {
-        on_event(Event::Log(
-            crate::model::Kernels::of(&ctx.policy).line(),
-        ));
+        on_event(Event::Log(crate::model::Kernels::of(&ctx.policy).line()));
         on_event(Event::Log(cpu_matmul_line(&ctx.policy)));
     }
     for w in warnings {

@@ -368,7 +368,11 @@ impl Policy {
         if self.mixed_precision && x.track_op() {
             // bf16 products for the pass that trains (a LoRA base is
             // detached, so it gets no weight gradient here either).
-            let w = if self.lora.is_some() { w.detach() } else { w.clone() };
+            let w = if self.lora.is_some() {
+                w.detach()
+            } else {
+                w.clone()
+            };
             ops::mixed_linear(x, &w)
         } else if self.lora.is_some() && x.track_op() {
             ops::frozen_linear(x, w)

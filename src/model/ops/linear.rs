@@ -118,10 +118,10 @@ pub(crate) fn mixed_frozen_linear(x: &Tensor, w: &Arc<FrozenBf16>) -> Result<Opt
     if !(fused(x) && x.rank() == 2) {
         return Ok(None);
     }
-    Ok(Some(x.contiguous()?.apply_op1(Fused1(MixedFrozen {
-        blas,
-        w: w.clone(),
-    }))?))
+    Ok(Some(
+        x.contiguous()?
+            .apply_op1(Fused1(MixedFrozen { blas, w: w.clone() }))?,
+    ))
 }
 
 struct MixedFrozen {

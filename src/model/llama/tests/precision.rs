@@ -336,7 +336,9 @@ fn grads_of(p: &Policy, b: &ScoreBatch) -> Vec<(String, Vec<f32>)> {
     p.named_vars()
         .into_iter()
         .map(|(n, v)| {
-            let t = g.get(v.as_tensor()).unwrap_or_else(|| panic!("{n}: no gradient"));
+            let t = g
+                .get(v.as_tensor())
+                .unwrap_or_else(|| panic!("{n}: no gradient"));
             (n, t.flatten_all().unwrap().to_vec1::<f32>().unwrap())
         })
         .collect()
@@ -358,7 +360,8 @@ fn mixed_precision_gradients_match_f32() {
         println!("SKIPPED: no BLAS with bf16 products (scripts/install-mkl.sh)");
         return;
     }
-    let cases: Vec<(&str, Box<dyn Fn() -> Policy>, ScoreBatch)> = vec![
+    type Case = (&'static str, Box<dyn Fn() -> Policy>, ScoreBatch);
+    let cases: Vec<Case> = vec![
         ("full, tied", Box::new(|| policy(true, 41)), batch()),
         ("full, untied", Box::new(|| policy(false, 42)), batch()),
         (
@@ -391,7 +394,10 @@ fn mixed_precision_gradients_match_f32() {
                 .map(|(&x, &y)| (x as f64 - y as f64).powi(2))
                 .sum::<f64>()
                 .sqrt();
-            assert!(nc > 0.0, "{what}: {n} got a zero gradient under mixed precision");
+            assert!(
+                nc > 0.0,
+                "{what}: {n} got a zero gradient under mixed precision"
+            );
             let rel = diff / na.max(1e-12);
             let cos = dot / (na * nc).max(1e-30);
             assert!(
@@ -400,7 +406,10 @@ fn mixed_precision_gradients_match_f32() {
             );
             worst = worst.max(rel);
         }
-        assert!(worst > 0.0, "{what}: mixed gradients equal f32's exactly: not bf16?");
+        assert!(
+            worst > 0.0,
+            "{what}: mixed gradients equal f32's exactly: not bf16?"
+        );
         // A LoRA base is rounded once and kept (every product weight, the
         // fused gate/up as one) except the first layer's q, k and v: their
         // input, the frozen embedding, carries no graph, so they take the
@@ -421,9 +430,20 @@ fn mixed_precision_gradients_match_f32() {
         eprintln!("{what}: worst relative L2 gradient error {worst:.4}");
         // The tracked pass rounds, within the bf16 tolerance.
         let (lf, _) = score_vec(&f, &b);
-        let tracked = m.score(&b).unwrap().logp.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let tracked = m
+            .score(&b)
+            .unwrap()
+            .logp
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap();
         assert_rel(&tracked, &lf, false, "mixed-precision logp");
-        assert_eq!(detached(&m), detached(&f), "{what}: detached scoring must stay f32");
+        assert_eq!(
+            detached(&m),
+            detached(&f),
+            "{what}: detached scoring must stay f32"
+        );
     }
     assert!(probe.set_mixed_precision(true).is_ok());
 }
