@@ -104,7 +104,29 @@ enum Cmd {
     DpWorker(cli::run::WorkerArgs),
 }
 
+/// A reader that closes stdout early (`actguide tasks select ... | head`)
+/// makes `println!` panic with EPIPE. Exit quietly instead, as a Unix
+/// tool does (status 141, SIGPIPE's). SIGPIPE itself stays ignored, so a
+/// broken pipe to an env or worker process is an error the run handles,
+/// not a signal that kills it.
+fn quiet_broken_stdout() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let msg = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if msg.starts_with("failed printing to stdout") && msg.contains("Broken pipe") {
+            std::process::exit(141);
+        }
+        default(info);
+    }));
+}
+
 fn main() {
+    quiet_broken_stdout();
     keep_freed_memory();
     short_spins();
     let cli = Cli::parse();
@@ -160,6 +182,8 @@ mod tests {
         ("tasks select", "max-expert", None),
         ("tasks select", "first", Some("0")),
         ("tasks select", "expert-share", Some("1.5")),
+        ("tasks select", "expert-noise", Some("-0.1")),
+        ("tasks select", "noise-max-len", Some("0")),
         ("tasks select", "seed", None),
         ("tasks generate", "seed", None),
         ("tasks generate", "train", Some("0")),

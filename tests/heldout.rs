@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use actguide::env::household::procedure_success;
+use actguide::env::household::{add_expert_noise, procedure_success};
 use actguide::env::panel::{self, keep_expert_share, read_jsonl, Selection};
 use actguide::experiment::{self, ExperimentFile, RunOptions, ENTRY_MODEL};
 use serde_json::{json, Value};
@@ -54,6 +54,65 @@ fn the_reveal_panels_are_reproducible_selections() {
         panel::to_jsonl(&t),
         bytes(&household("reveal/long115_share25.jsonl"))
     );
+    // Noisy demonstrations: ε 0.3, at most 10 actions, seed 1.
+    let mut t = revealed("train.jsonl", Some(5));
+    let st = add_expert_noise(&mut t, 0.3, 10, 1).unwrap();
+    assert_eq!(
+        (
+            st.tasks,
+            st.changed,
+            st.kept_clean,
+            st.clean_actions,
+            st.noisy_actions
+        ),
+        (115, 85, 4, 738, 928)
+    );
+    assert_eq!(
+        panel::to_jsonl(&t),
+        bytes(&household("reveal/long115_noise30.jsonl"))
+    );
+}
+
+/// The noisy-expert round (examples/heldout_noisy.rhai): its arms, and
+/// Agent-G² executing noisy prefixes on a tiny budget without an
+/// inadmissible expert action or an env error (every detour replays).
+#[test]
+fn the_noisy_expert_round_executes_its_demonstrations() {
+    let ExperimentFile::Compare(c) =
+        ExperimentFile::load(&root().join("examples/heldout_noisy.rhai")).unwrap()
+    else {
+        panic!("examples/heldout_noisy.rhai is a comparison")
+    };
+    let names: Vec<&str> = c.runs.iter().map(|e| e.name.as_str()).collect();
+    assert_eq!(
+        names,
+        ["bc-s7", "bc-s11", "bc-s13", "bc180", "g2-s7", "g2-s11", "g2-s13", "bc_grpo"]
+    );
+    assert_eq!(c.after[7], Some(0), "bc_grpo starts from bc-s7's model");
+    let tmp = tempfile::tempdir().unwrap();
+    let abs = |p: &str| root().join(p).display().to_string();
+    let mut e = c.runs[4].clone();
+    e.model.path = abs("models/tiny");
+    e.env.train = abs(&e.env.train);
+    e.env.test = abs(&e.env.test);
+    e.guidance.script = abs(&e.guidance.script);
+    e.runs_dir = tmp.path().display().to_string();
+    e.steps = 3;
+    e.rollout.tasks_per_step = 4;
+    e.rollout.group_size = 2;
+    e.evaluation.every = 0;
+    e.evaluation.max_tasks = 2;
+    let s = experiment::run(e, &RunOptions::default(), &mut |_| {}).unwrap();
+    let m = lines(&s.run_dir.join("metrics.jsonl"));
+    assert_eq!(m.len(), 3);
+    let mut depth = 0.0;
+    for l in &m {
+        assert_eq!(l["env_errors"], 0, "{l}");
+        // Written only when some expert action was refused.
+        assert!(l.get("expert_inadmissible").is_none(), "{l}");
+        depth += l["depth_mean"].as_f64().unwrap_or(0.0);
+    }
+    assert!(depth > 0.0, "G² executed no prefix: {m:?}");
 }
 
 #[test]

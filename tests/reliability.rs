@@ -303,3 +303,32 @@ fn sigint_before_the_first_step_stops_at_once_with_130() {
     assert!(err.contains("had not started a step"), "{err}");
     assert!(!run.join("metrics.jsonl").exists());
 }
+
+/// `actguide tasks select ... | head -1`: a reader that closes stdout early
+/// ends the command with SIGPIPE's status and no panic message; the output
+/// file is written all the same.
+#[test]
+fn a_closed_stdout_ends_a_command_quietly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("sel.jsonl");
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let o = Command::new(BIN)
+        .args([
+            "tasks",
+            "select",
+            "envs/household/reveal/long_test.jsonl",
+            "--first",
+            "3",
+        ])
+        .arg("--out")
+        .arg(&out)
+        .current_dir(root())
+        .stdout(writer)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(141), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(read_lines(&out).len(), 3);
+}

@@ -18,6 +18,9 @@ pub struct EventPrinter {
     bar: Option<ProgressBar>,
     /// The experiment's step budget, for the plain `step N/M` lines.
     steps: u64,
+    /// Each run's own budget by tag ("" untagged), from its `Started`
+    /// event: a comparison entry may set its own `steps`.
+    tag_steps: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
 }
 
 impl EventPrinter {
@@ -35,7 +38,11 @@ impl EventPrinter {
             );
             b
         });
-        EventPrinter { bar, steps }
+        EventPrinter {
+            bar,
+            steps,
+            tag_steps: Default::default(),
+        }
     }
 
     /// Clear the bar once the run is over (before the summary is printed).
@@ -53,6 +60,17 @@ impl EventPrinter {
         }
     }
 
+    /// The step budget of the run `tag` names, as of `ev` (a `Started`
+    /// event sets it).
+    fn budget_of(&self, tag: Option<&str>, ev: &Event) -> u64 {
+        let key = tag.unwrap_or_default().to_string();
+        let mut m = self.tag_steps.lock().unwrap_or_else(|e| e.into_inner());
+        if let Event::Started { steps, .. } = ev {
+            m.insert(key.clone(), *steps as u64);
+        }
+        m.get(&key).copied().unwrap_or(self.steps)
+    }
+
     pub fn print(&self, ev: Event) {
         self.print_as(None, ev)
     }
@@ -64,6 +82,7 @@ impl EventPrinter {
             Some(t) => self.say(format!("[{t}] {s}")),
             None => self.say(s),
         };
+        let total = self.budget_of(tag, &ev);
         match ev {
             Event::Started {
                 run_dir,
@@ -95,12 +114,7 @@ impl EventPrinter {
                         b.set_position(step as u64 + 1);
                         b.set_message(f.bar_message());
                     }
-                    None => say(format!(
-                        "step {:>4}/{} | {}",
-                        step + 1,
-                        self.steps,
-                        f.line()
-                    )),
+                    None => say(format!("step {:>4}/{total} | {}", step + 1, f.line())),
                 }
             }
             Event::SftStep(l) => {
@@ -113,7 +127,7 @@ impl EventPrinter {
                         b.set_position(l.step as u64 + 1);
                         b.set_message(line);
                     }
-                    None => say(format!("step {:>4}/{} | {line}", l.step + 1, self.steps)),
+                    None => say(format!("step {:>4}/{total} | {line}", l.step + 1)),
                 }
                 if l.env_errors > 0 || l.unencodable_actions > 0 {
                     say(format!(
@@ -334,4 +348,34 @@ pub fn error_chain(e: &anyhow::Error) -> String {
         }
     }
     msg
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn started(steps: usize) -> Event {
+        Event::Started {
+            run_dir: "runs/x".into(),
+            start_step: 0,
+            steps,
+            params: 1,
+            trainable: 1,
+            train_tasks: 1,
+            test_tasks: 1,
+        }
+    }
+
+    #[test]
+    fn each_run_counts_its_steps_against_its_own_budget() {
+        let p = EventPrinter::new(60, true);
+        let ev = Event::ScriptLog("x".into());
+        assert_eq!(p.budget_of(Some("bc180"), &ev), 60);
+        assert_eq!(p.budget_of(Some("bc180"), &started(180)), 180);
+        assert_eq!(p.budget_of(Some("bc"), &started(60)), 60);
+        assert_eq!(p.budget_of(Some("bc180"), &ev), 180);
+        // One run after another, untagged (a comparison with --jobs 1).
+        assert_eq!(p.budget_of(None, &started(30)), 30);
+        assert_eq!(p.budget_of(None, &ev), 30);
+    }
 }

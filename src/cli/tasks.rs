@@ -69,7 +69,17 @@ struct SelectArgs {
     /// by --seed), clearing the rest: scarce expert data.
     #[arg(long, value_parser = super::ranges::fraction)]
     expert_share: Option<f64>,
-    /// Seed of the --expert-share draw.
+    /// Replace each kept household task's expert actions by a noisy
+    /// demonstration: at each step, with this probability, a random
+    /// admissible action other than the expert's, then the expert's plan
+    /// from where that led (drawn by --seed and the task id).
+    #[arg(long, value_parser = super::ranges::fraction)]
+    expert_noise: Option<f64>,
+    /// Longest noisy demonstration; a task none of whose draws reaches the
+    /// goal within it keeps its clean expert actions.
+    #[arg(value_parser = super::ranges::at_least(1), long, default_value_t = 12)]
+    noise_max_len: usize,
+    /// Seed of the --expert-share and --expert-noise draws.
     #[arg(long, default_value_t = 0)]
     seed: u64,
 }
@@ -100,6 +110,15 @@ fn select(a: SelectArgs) -> Result<()> {
     if let Some(share) = a.expert_share {
         let n = panel::keep_expert_share(&mut kept, share, a.seed);
         println!("kept the expert actions of {n} of {} tasks", kept.len());
+    }
+    if let Some(eps) = a.expert_noise {
+        let st =
+            actguide::env::household::add_expert_noise(&mut kept, eps, a.noise_max_len, a.seed)
+                .with_context(|| format!("--expert-noise on {}", a.panel.display()))?;
+        println!(
+            "noisy demonstrations: {} of {} tasks changed ({} kept clean: no draw within {} actions), {} expert actions -> {}",
+            st.changed, st.tasks, st.kept_clean, a.noise_max_len, st.clean_actions, st.noisy_actions
+        );
     }
     panel::write_jsonl(&a.out, &kept)?;
     println!(

@@ -3,7 +3,8 @@
 //! This module owns everything household: the catalog of receptacle and
 //! object kinds ([`catalog`]), the serialized world ([`World`]), the rules
 //! engine (commands, feedback, admissible list, goal test, status), the
-//! expert planner ([`expert_plan`]), the seeded panel generator
+//! expert planner ([`expert_plan`]) and a noisy demonstrator built on it
+//! ([`add_expert_noise`]), the seeded panel generator
 //! ([`generate_panels`], with the default seed and sizes; `room` draws one
 //! random room) and the env's word list ([`vocabulary`]). Writing the
 //! default panels and the random-policy baseline are the same for every
@@ -17,6 +18,7 @@
 mod catalog;
 mod expert;
 mod generate;
+mod noisy;
 mod procedure;
 mod room;
 mod sim;
@@ -28,6 +30,7 @@ mod world;
 pub use catalog::{TaskType, MAX_INDEX};
 pub use expert::expert_plan;
 pub use generate::{generate_panels, DEFAULT_SEED, DEFAULT_TEST, DEFAULT_TRAIN};
+pub use noisy::{add_expert_noise, noisy_demo, NoiseStats};
 pub use procedure::{procedure_episode, procedure_success};
 pub use vocab::{split_words, vocabulary};
 pub use world::{Agent, Goal, Object, Receptacle, World, WorldError};
