@@ -71,6 +71,98 @@ fn the_reveal_panels_are_reproducible_selections() {
         panel::to_jsonl(&t),
         bytes(&household("reveal/long115_noise30.jsonl"))
     );
+    // The plan-reading prior's panel and its disjoint benchmark.
+    let types = |ts: &[&str]| ts.iter().map(|t| t.to_string()).collect::<Vec<_>>();
+    let sel = |src: &str, min, max, ts: &[&str]| {
+        panel::select(
+            &read_jsonl(&household(src)).unwrap(),
+            &Selection {
+                min_expert: min,
+                max_expert: max,
+                types: types(ts),
+                ..Default::default()
+            },
+        )
+    };
+    let mut prior = sel("reveal/train.jsonl", None, Some(4), &[]);
+    prior.extend(sel(
+        "reveal/train.jsonl",
+        Some(5),
+        None,
+        &[
+            "pick_heat_then_place",
+            "pick_and_place",
+            "look_at_obj_in_light",
+            "pick_two_obj",
+        ],
+    ));
+    assert_eq!(prior.len(), 205);
+    assert_eq!(
+        panel::to_jsonl(&prior),
+        bytes(&household("reveal/plan_prior.jsonl"))
+    );
+    let cc = ["pick_clean_then_place", "pick_cool_then_place"];
+    for (src, out, n) in [
+        ("reveal/long115.jsonl", "reveal/long_cc.jsonl", 51),
+        ("reveal/long_test.jsonl", "reveal/long_cc_test.jsonl", 16),
+    ] {
+        let t = sel(src, None, None, &cc);
+        assert_eq!(t.len(), n, "{out}");
+        assert_eq!(panel::to_jsonl(&t), bytes(&household(out)), "{out}");
+        // Disjoint: no benchmark task's type has a long task in the prior.
+        assert!(t.iter().all(|x| !prior.iter().any(|p| p.id == x.id)));
+    }
+}
+
+/// The other comparisons of the search load with the arms their docs name.
+#[test]
+fn the_search_comparisons_load() {
+    for (file, names) in [
+        (
+            "examples/plan_prior.rhai",
+            &[
+                "actguide-s7",
+                "actguide-s11",
+                "actguide-s13",
+                "grpo-s7",
+                "grpo-s11",
+                "grpo-s13",
+                "bc",
+                "g2",
+            ][..],
+        ),
+        (
+            "examples/heldout_180.rhai",
+            &[
+                "bc-s7",
+                "bc-s11",
+                "bc-s13",
+                "g2-s7",
+                "g2-s11",
+                "g2-s13",
+                "bc_noisy-s7",
+                "bc_noisy-s11",
+                "bc_noisy-s13",
+                "g2_noisy-s7",
+                "g2_noisy-s11",
+                "g2_noisy-s13",
+            ][..],
+        ),
+    ] {
+        let ExperimentFile::Compare(c) = ExperimentFile::load(&root().join(file)).unwrap() else {
+            panic!("{file} is a comparison")
+        };
+        let got: Vec<&str> = c.runs.iter().map(|e| e.name.as_str()).collect();
+        assert_eq!(got, names, "{file}");
+        assert!(c.runs.iter().all(|e| e.steps >= 60), "{file}");
+    }
+    let ExperimentFile::Single(s) =
+        ExperimentFile::load(&root().join("examples/plan_prior_sft.rhai")).unwrap()
+    else {
+        panic!("plan_prior_sft.rhai is one experiment")
+    };
+    let sft = s.sft.expect("an sft section");
+    assert_eq!((sft.plan_share, sft.max_expert_len), (0.5, Some(10)));
 }
 
 /// The noisy-expert round (examples/heldout_noisy.rhai): its arms, and
