@@ -182,18 +182,10 @@ fn the_noisy_expert_round_executes_its_demonstrations() {
     );
     assert_eq!(c.after[7], Some(0), "bc_grpo starts from bc-s7's model");
     let tmp = tempfile::tempdir().unwrap();
-    let abs = |p: &str| root().join(p).display().to_string();
     let mut e = c.runs[4].clone();
-    e.model.path = abs("models/tiny");
-    e.env.train = abs(&e.env.train);
-    e.env.test = abs(&e.env.test);
-    e.guidance.script = abs(&e.guidance.script);
-    e.runs_dir = tmp.path().display().to_string();
+    on_tiny_model(&mut e, tmp.path());
     e.steps = 3;
     e.rollout.tasks_per_step = 4;
-    e.rollout.group_size = 2;
-    e.evaluation.every = 0;
-    e.evaluation.max_tasks = 2;
     let s = experiment::run(e, &RunOptions::default(), &mut |_| {}).unwrap();
     let m = lines(&s.run_dir.join("metrics.jsonl"));
     assert_eq!(m.len(), 3);
@@ -222,6 +214,20 @@ fn the_procedure_calibrates_the_regimes() {
     // expert's length + 2 leaves room for that in 11 of the 32.
     assert_eq!(all("long_test.jsonl", Some(2)), 11);
     assert_eq!(all("long_test.jsonl", None), 32);
+}
+
+/// `e` on the tiny model, its files found from the repository root, its
+/// run under `runs_dir`: groups of 2, no evaluation but the end's, 2 tasks.
+fn on_tiny_model(e: &mut actguide::experiment::Experiment, runs_dir: &Path) {
+    let abs = |p: &str| root().join(p).display().to_string();
+    e.model.path = abs("models/tiny");
+    e.env.train = abs(&e.env.train);
+    e.env.test = abs(&e.env.test);
+    e.guidance.script = abs(&e.guidance.script);
+    e.runs_dir = runs_dir.display().to_string();
+    e.rollout.group_size = 2;
+    e.evaluation.every = 0;
+    e.evaluation.max_tasks = 2;
 }
 
 fn lines(path: &Path) -> Vec<Value> {
@@ -307,19 +313,12 @@ fn a_scarce_data_panel_trains_every_task_and_guides_only_those_with_experts() {
         panic!("examples/heldout.rhai is a comparison")
     };
     let tmp = tempfile::tempdir().unwrap();
-    let abs = |p: &str| root().join(p).display().to_string();
     // LUFFY: each group's last member replays the expert where there is
     // one, and is an on-policy rollout where there is none.
     let mut e = c.runs.iter().find(|e| e.name == "luffy").unwrap().clone();
-    e.model.path = abs("models/tiny");
-    e.env.train = abs("envs/household/reveal/long115_share25.jsonl");
-    e.env.test = abs(&e.env.test);
-    e.guidance.script = abs(&e.guidance.script);
-    e.runs_dir = tmp.path().display().to_string();
+    e.env.train = "envs/household/reveal/long115_share25.jsonl".into();
+    on_tiny_model(&mut e, tmp.path());
     e.steps = 4;
-    e.rollout.group_size = 2;
-    e.evaluation.every = 0;
-    e.evaluation.max_tasks = 2;
     let s = experiment::run(e, &RunOptions::default(), &mut |_| {}).unwrap();
     let m = lines(&s.run_dir.join("metrics.jsonl"));
     let guided: Vec<f64> = m
