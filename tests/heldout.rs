@@ -334,3 +334,78 @@ fn a_scarce_data_panel_trains_every_task_and_guides_only_those_with_experts() {
     let total: f64 = guided.iter().sum::<f64>() / guided.len() as f64;
     assert!(total > 0.0 && total < 0.5, "{guided:?}");
 }
+
+/// The headline (examples/headline.rhai): its warm start is an entry of
+/// its own, every other arm starts from it (BC + GRPO from its seed's BC
+/// model), and every arm runs on a tiny budget.
+#[test]
+fn every_arm_of_the_headline_runs_on_a_tiny_budget() {
+    let ExperimentFile::Compare(mut c) =
+        ExperimentFile::load(&root().join("examples/headline.rhai")).unwrap()
+    else {
+        panic!("examples/headline.rhai is a comparison")
+    };
+    let arms = ["bc", "g2", "actguide", "grpo", "luffy", "bc_grpo"];
+    let mut want = vec!["warm".to_string()];
+    for a in arms {
+        want.extend([7, 11, 13].map(|s| format!("{a}-s{s}")));
+    }
+    let names: Vec<String> = c.runs.iter().map(|e| e.name.clone()).collect();
+    assert_eq!(names, want);
+    for (e, after) in c.runs.iter().zip(&c.after) {
+        let from = after.map(|j| c.runs[j].name.clone());
+        let expect = match e.name.split_once("-s") {
+            None => None,
+            Some(("bc_grpo", s)) => Some(format!("bc-s{s}")),
+            Some(_) => Some("warm".to_string()),
+        };
+        assert_eq!(from, expect, "{}", e.name);
+        assert!(e.trainer.skip_zero_grad, "{}", e.name);
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    c.runs_dir = tmp.path().display().to_string();
+    let abs = |p: &str| root().join(p).display().to_string();
+    for e in &mut c.runs {
+        if !e.model.path.starts_with(ENTRY_MODEL) {
+            e.model.path = abs(&e.model.path);
+        }
+        e.env.train = abs(&e.env.train);
+        e.env.test = abs(&e.env.test);
+        e.guidance.script = abs(&e.guidance.script);
+        e.steps = 2;
+        e.rollout.tasks_per_step = 2;
+        e.rollout.group_size = 3;
+        e.evaluation.every = 2;
+        e.evaluation.max_tasks = 3;
+        if let Some(s) = &mut e.sft {
+            s.tasks_per_step = 2;
+            s.eval_tasks = s.eval_tasks.min(3);
+        }
+    }
+    let out = experiment::run_comparison(&c, &RunOptions::default(), 2, &|_, _| {}).unwrap();
+    assert!(out.dir.join("warm/model").is_dir());
+    let step0 = |name: &str| lines(&out.dir.join(name).join("eval.jsonl"))[0].clone();
+    for name in &want[1..] {
+        let d = out.dir.join(name);
+        assert_eq!(lines(&d.join("eval.jsonl")).len(), 4, "{name}");
+        let log = if name.starts_with("bc-") {
+            "sft.jsonl"
+        } else {
+            "metrics.jsonl"
+        };
+        assert_eq!(lines(&d.join(log)).len(), 2, "{name}");
+    }
+    // Same seed, same warm start: the RL arms' step-0 evaluations agree.
+    for a in ["g2", "actguide", "grpo", "luffy"] {
+        for s in [7, 11, 13] {
+            assert_eq!(
+                step0(&format!("{a}-s{s}"))["success"],
+                step0(&format!("g2-s{s}"))["success"]
+            );
+        }
+    }
+    let md = std::fs::read_to_string(out.report.unwrap().join("report.md")).unwrap();
+    for a in arms {
+        assert!(md.contains(&format!("| {a} |")), "{a}: {md}");
+    }
+}
