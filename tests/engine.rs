@@ -184,42 +184,68 @@ fn metrics(run_dir: &Path) -> Vec<Value> {
 
 #[test]
 fn rollouts_on_launched_servers_match_the_trainers_log_probs_across_syncs() {
-    let tmp = tempfile::tempdir().unwrap();
-    let (gguf, prog) = tiny_with_reference(tmp.path());
-    let e = engine_exp(tmp.path(), &gguf, &prog, 2, 3);
-    let s = experiment::run(e, &RunOptions::default(), &mut |_| {}).unwrap();
-    let m = metrics(&s.run_dir);
-    assert_eq!(m.len(), 3);
-    for (i, line) in m.iter().enumerate() {
-        let en = &line["engine"];
-        // Rollouts of step i come from the weights after step i's sync.
-        assert_eq!(en["version"], i as u64, "{en}");
-        assert!(en["tokens"].as_u64().unwrap() > 0, "{en}");
-        // The reference server samples from the same weights: only float
-        // noise between batched and single-sequence scoring remains. A
-        // server still on the previous step's weights would be far off
-        // (lr 0.05).
-        let mm = en["mismatch_max"].as_f64().unwrap();
-        assert!(
-            mm < 1e-3,
-            "step {i}: behaviour log-probs differ by {mm}: {en}"
-        );
-        assert_eq!(en["failed_episodes"], 0);
-        assert_eq!(en["synced"], 2);
-        let served: u64 = en["servers"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|s| s["served"].as_u64().unwrap())
-            .sum();
-        assert!(served > 0);
-        assert!(line["episodes"].as_u64().unwrap() == 12, "{line}");
+    // LoRA runs hand the servers the adapter (a llama.cpp LoRA GGUF beside
+    // a base written once); `launch.adapter: false` the merged model.
+    for adapter in [true, false] {
+        let tmp = tempfile::tempdir().unwrap();
+        let (gguf, prog) = tiny_with_reference(tmp.path());
+        let src = engine_src(tmp.path(), &gguf, &prog, 2, 3)
+            .replace("count: 2 }", &format!("count: 2, adapter: {adapter} }}"));
+        let e = Experiment::from_source("engine.rhai", &src).unwrap();
+        let s = experiment::run(e, &RunOptions::default(), &mut |_| {}).unwrap();
+        let m = metrics(&s.run_dir);
+        assert_eq!(m.len(), 3);
+        for (i, line) in m.iter().enumerate() {
+            let en = &line["engine"];
+            // Rollouts of step i come from the weights after step i's sync.
+            assert_eq!(en["version"], i as u64, "{en}");
+            assert!(en["tokens"].as_u64().unwrap() > 0, "{en}");
+            // The reference server samples from the same weights: only
+            // float noise between batched and single-sequence scoring
+            // remains. A server still on the previous step's weights, or
+            // an adapter with its Q/K rows in the wrong order, would be
+            // far off (lr 0.05).
+            let mm = en["mismatch_max"].as_f64().unwrap();
+            assert!(
+                mm < 1e-3,
+                "adapter {adapter}, step {i}: behaviour log-probs differ by {mm}: {en}"
+            );
+            assert_eq!(en["failed_episodes"], 0);
+            assert_eq!(en["synced"], 2);
+            let served: u64 = en["servers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|s| s["served"].as_u64().unwrap())
+                .sum();
+            assert!(served > 0);
+            assert!(line["episodes"].as_u64().unwrap() == 12, "{line}");
+        }
+        // The weights changed every step (the auxiliary NLL on executed
+        // expert actions trains even when no rollout succeeds).
+        assert!(m.iter().all(|l| l["grad_norm"].as_f64().unwrap() > 0.0));
+        let dir = s.run_dir.join("engine");
+        let bytes = m[2]["engine"]["sync_bytes"].as_u64().unwrap();
+        if adapter {
+            let base = std::fs::metadata(dir.join("policy-base.gguf"))
+                .unwrap()
+                .len();
+            let last = std::fs::metadata(dir.join("adapter-v000003.gguf"))
+                .unwrap()
+                .len();
+            assert_eq!(bytes, last);
+            assert!(bytes * 4 < base, "adapter {bytes} B against base {base} B");
+            assert!(!dir.join("adapter-v000001.gguf").exists());
+            assert!(!dir.join("policy-v000003.gguf").exists());
+        } else {
+            let last = std::fs::metadata(dir.join("policy-v000003.gguf"))
+                .unwrap()
+                .len();
+            assert_eq!(bytes, last);
+            assert!(!dir.join("policy-v000001.gguf").exists());
+            assert!(!dir.join("policy-base.gguf").exists());
+        }
     }
-    // The weights changed every step (the auxiliary NLL on executed
-    // expert actions trains even when no rollout succeeds).
-    assert!(m.iter().all(|l| l["grad_norm"].as_f64().unwrap() > 0.0));
-    assert!(s.run_dir.join("engine/policy-v000003.gguf").is_file());
-    assert!(!s.run_dir.join("engine/policy-v000001.gguf").exists());
 }
 
 #[test]
@@ -334,24 +360,42 @@ fn rollouts_on_a_real_llama_cpp_server_match_the_trainers_log_probs() {
         );
         return;
     };
-    let tmp = tempfile::tempdir().unwrap();
-    let gguf = tmp.path().join("tiny-chat.gguf");
-    common::tiny_chat_gguf(&gguf);
-    let e = engine_exp(tmp.path(), &gguf, &server, 1, 3);
-    let s = experiment::run(e, &RunOptions::default(), &mut |_| {}).unwrap();
-    let m = metrics(&s.run_dir);
-    assert_eq!(m.len(), 3);
-    for (i, line) in m.iter().enumerate() {
-        let en = &line["engine"];
-        assert_eq!(en["version"], i as u64);
-        assert_eq!(en["failed_episodes"], 0, "{en}");
-        eprintln!("llama.cpp step {i}: engine {en}");
-        // llama.cpp computes in its own kernels (f32 weights here): the
-        // log-probs agree to a few 1e-3.
-        let mm = en["mismatch"].as_f64().unwrap();
-        assert!(mm < 5e-3, "step {i}: mean |Δ log p| {mm}: {en}");
-        assert!(en["tokens"].as_u64().unwrap() > 0);
+    // Adapter sync (llama.cpp applies our LoRA GGUF on the base) and the
+    // merged model, the same run otherwise.
+    let mut bytes = Vec::new();
+    for adapter in [true, false] {
+        let tmp = tempfile::tempdir().unwrap();
+        let gguf = tmp.path().join("tiny-chat.gguf");
+        common::tiny_chat_gguf(&gguf);
+        let src = engine_src(tmp.path(), &gguf, &server, 1, 3)
+            .replace("count: 1 }", &format!("count: 1, adapter: {adapter} }}"));
+        let e = Experiment::from_source("engine.rhai", &src).unwrap();
+        let s = experiment::run(e, &RunOptions::default(), &mut |_| {}).unwrap();
+        let m = metrics(&s.run_dir);
+        assert_eq!(m.len(), 3);
+        for (i, line) in m.iter().enumerate() {
+            let en = &line["engine"];
+            assert_eq!(en["version"], i as u64);
+            assert_eq!(en["failed_episodes"], 0, "{en}");
+            eprintln!("llama.cpp (adapter {adapter}) step {i}: engine {en}");
+            // llama.cpp computes in its own kernels (f32 weights here):
+            // the log-probs agree to a few 1e-3. Steps 1 and 2 run on
+            // trained adapters (lr 0.05), so a wrong layout shows there.
+            let mm = en["mismatch"].as_f64().unwrap();
+            assert!(
+                mm < 5e-3,
+                "adapter {adapter}, step {i}: mean |Δ log p| {mm}: {en}"
+            );
+            assert!(en["tokens"].as_u64().unwrap() > 0);
+        }
+        bytes.push(m[2]["engine"]["sync_bytes"].as_u64().unwrap());
     }
+    assert!(
+        bytes[0] * 4 < bytes[1],
+        "adapter {} B, merged {} B",
+        bytes[0],
+        bytes[1]
+    );
 }
 
 /// A stand-in vLLM server: answers `/v1/completions` with the stop token

@@ -290,7 +290,7 @@ fn check_device(a: CheckDeviceArgs) -> Result<()> {
 // Flags of `actguide dev engine-reference`.
 #[derive(Args)]
 struct EngineReferenceArgs {
-    /// llama-server's flags: `-m MODEL.gguf --host H --port P -t N`
+    /// llama-server's flags: `-m MODEL.gguf [--lora ADAPTER.gguf] --host H --port P -t N`
     /// (`-np`, `-c` accepted and ignored).
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
     args: Vec<String>,

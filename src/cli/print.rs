@@ -176,8 +176,8 @@ struct StepFigures {
     rollout_tokens_per_s: f64,
     train_tokens_per_s: f64,
     /// With `rollout.engine`: (mean |Δ log p| against the engine, episodes
-    /// it failed, seconds of the weight sync).
-    engine: Option<(f64, usize, f64)>,
+    /// it failed, seconds and bytes of the weight sync).
+    engine: Option<(f64, usize, f64, u64)>,
     /// With `model.rollout_bf16`: mean |Δ log p| of the bf16 rollouts.
     bf16_mismatch: Option<f64>,
 }
@@ -195,10 +195,14 @@ fn step_figures(m: &StepLine) -> StepFigures {
         step_s: z(t.step_s),
         rollout_tokens_per_s: z(t.rollout_tokens_per_s),
         train_tokens_per_s: z(t.train_tokens_per_s),
-        engine: m
-            .engine
-            .as_ref()
-            .map(|e| (e.behaviour.mismatch, e.failed_episodes, e.sync_s)),
+        engine: m.engine.as_ref().map(|e| {
+            (
+                e.behaviour.mismatch,
+                e.failed_episodes,
+                e.sync_s,
+                e.sync_bytes,
+            )
+        }),
         bf16_mismatch: m.rollout_bf16.as_ref().map(|b| b.mismatch),
     }
 }
@@ -224,9 +228,10 @@ impl StepFigures {
             self.rollout_tokens_per_s,
             self.train_tokens_per_s,
         );
-        if let Some((mismatch, failed, sync_s)) = self.engine {
+        if let Some((mismatch, failed, sync_s, bytes)) = self.engine {
+            let mb = bytes as f64 / 1e6;
             l.push_str(&format!(
-                " | engine |Δlogp| {mismatch:.4}, {failed} failed, sync {sync_s:.1}s"
+                " | engine |Δlogp| {mismatch:.4}, {failed} failed, sync {sync_s:.1}s ({mb:.1} MB)"
             ));
         }
         if let Some(mismatch) = self.bf16_mismatch {

@@ -66,6 +66,12 @@ pub struct LaunchSection {
     /// Further arguments, appended as given.
     #[serde(default)]
     pub args: Vec<String>,
+    /// For a LoRA policy: restart the servers on the same base GGUF with
+    /// the step's adapter as a llama.cpp LoRA GGUF (`--lora`, a few MB)
+    /// instead of a merged model written each step. `false` writes the
+    /// merged model (what llama.cpp builds without LoRA support need).
+    #[serde(default = "d_true")]
+    pub adapter: bool,
 }
 
 fn d_timeout() -> f64 {
@@ -82,6 +88,9 @@ fn d_tis_cap() -> f64 {
 }
 fn d_one() -> usize {
     1
+}
+fn d_true() -> bool {
+    true
 }
 
 impl EngineSection {

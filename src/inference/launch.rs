@@ -1,8 +1,9 @@
 //! llama.cpp servers started by the run: one process per server on a
-//! loopback port, restarted on a new GGUF after each optimiser step
+//! loopback port, restarted on new weights after each optimiser step
 //! (llama.cpp's server loads weights only at start; its `/lora-adapters`
-//! route rescales adapters given at start but loads none). A server that
-//! died is started again at the next restart.
+//! route rescales adapters given at start but loads none): a new GGUF,
+//! or, for a LoRA policy, the same base GGUF with a new `--lora` adapter.
+//! A server that died is started again at the next restart.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -10,6 +11,14 @@ use std::time::{Duration, Instant};
 
 use super::config::LaunchSection;
 use super::EngineError;
+
+/// What the servers are started on: a GGUF model, and for adapter sync
+/// the llama.cpp LoRA GGUF applied on top of it (`--lora`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Served {
+    pub model: PathBuf,
+    pub lora: Option<PathBuf>,
+}
 
 /// The processes of a launch.
 #[derive(Debug)]
@@ -26,14 +35,14 @@ pub struct Launched {
 }
 
 impl Launched {
-    /// Start `l.count` servers on `gguf`, each with `slots` parallel
+    /// Start `l.count` servers on `served`, each with `slots` parallel
     /// sequences of `ctx_per_slot` tokens. Returns once they are spawned
     /// (see [`Launched::wait_ready`]).
     pub fn start(
         l: &LaunchSection,
         slots: usize,
         ctx_per_slot: usize,
-        gguf: &Path,
+        served: &Served,
         dir: &Path,
     ) -> Result<Self, EngineError> {
         let mut ports = Vec::with_capacity(l.count);
@@ -56,7 +65,7 @@ impl Launched {
             dir: dir.to_path_buf(),
         };
         for i in 0..l.count {
-            la.spawn(i, gguf)?;
+            la.spawn(i, served)?;
         }
         la.write_pids()?;
         Ok(la)
@@ -78,15 +87,17 @@ impl Launched {
             .collect()
     }
 
-    fn spawn(&mut self, i: usize, gguf: &Path) -> Result<(), EngineError> {
+    fn spawn(&mut self, i: usize, served: &Served) -> Result<(), EngineError> {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(self.dir.join(format!("server-{i}.log")))?;
         let mut cmd = Command::new(&self.program);
-        cmd.arg("-m")
-            .arg(gguf)
-            .args(["--host", "127.0.0.1", "--port"])
+        cmd.arg("-m").arg(&served.model);
+        if let Some(lora) = &served.lora {
+            cmd.arg("--lora").arg(lora);
+        }
+        cmd.args(["--host", "127.0.0.1", "--port"])
             .arg(self.ports[i].to_string())
             .arg("-t")
             .arg(self.threads.to_string())
@@ -186,12 +197,12 @@ impl Launched {
             .collect()
     }
 
-    /// Stop every server and start it again on `gguf`; per server, ready
-    /// or why not.
-    pub fn restart(&mut self, gguf: &Path, timeout: Duration) -> Vec<Result<(), String>> {
+    /// Stop every server and start it again on `served`; per server,
+    /// ready or why not.
+    pub fn restart(&mut self, served: &Served, timeout: Duration) -> Vec<Result<(), String>> {
         self.stop();
         let spawned: Vec<Result<(), String>> = (0..self.ports.len())
-            .map(|i| self.spawn(i, gguf).map_err(|e| e.to_string()))
+            .map(|i| self.spawn(i, served).map_err(|e| e.to_string()))
             .collect();
         let _ = self.write_pids();
         let ready = self.wait_each(timeout);

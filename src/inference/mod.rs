@@ -16,7 +16,9 @@
 //!   actguide policy (tests: exact log-probs, a server to kill).
 //!
 //! Weight sync after each optimiser step ([`Engine::sync`]): launched
-//! llama.cpp servers restart on a GGUF of the (merged) policy; vLLM and
+//! llama.cpp servers restart on a GGUF of the policy, or, for a LoRA
+//! policy, on the base GGUF written once with the step's adapter as a
+//! llama.cpp LoRA GGUF (`launch.adapter`, the default); vLLM and
 //! SGLang load the step's LoRA adapter (PEFT folder) under a new name
 //! through their runtime adapter API, or reload a full-weight HF folder
 //! from disk. Every request names the version it wants, and only servers
@@ -38,7 +40,7 @@ use crate::model::{GgmlDType, GgufVocab, Policy};
 
 pub use api::{Api, Request};
 pub use config::{EngineKind, EngineSection, LaunchSection};
-pub use launch::Launched;
+pub use launch::{Launched, Served};
 pub use pool::{Pool, ServerCounts};
 
 /// One generated answer from an engine.
@@ -77,6 +79,9 @@ pub struct SyncReport {
     /// Servers now holding `version`.
     pub synced: usize,
     pub seconds: f64,
+    /// Bytes of weights written for the servers (0 for a full-weight
+    /// reload that vLLM / SGLang read from a folder they share).
+    pub bytes: u64,
     /// Servers that failed to take it, with why (they get no requests
     /// until a later sync succeeds).
     pub failed: Vec<(String, String)>,
@@ -95,6 +100,9 @@ pub struct Engine {
     /// The model is trained with LoRA adapters (synced as adapters on
     /// vLLM / SGLang).
     lora: bool,
+    /// Launched llama.cpp with adapter sync: the base GGUF the servers
+    /// keep (written once at start).
+    base_gguf: Option<PathBuf>,
 }
 
 impl Engine {
@@ -116,6 +124,7 @@ impl Engine {
             ));
         }
         std::fs::create_dir_all(dir)?;
+        let mut base_gguf = None;
         let (urls, launched) = match &cfg.launch {
             Some(l) => {
                 let Some(v) = &vocab else {
@@ -124,9 +133,16 @@ impl Engine {
                             .into(),
                     ));
                 };
-                let gguf = write_policy_gguf(policy, v, dir, 0)?;
+                if l.adapter && policy.lora().is_some() {
+                    let base = dir.join(BASE_GGUF);
+                    let tmp = base.with_extension("gguf.tmp");
+                    policy.write_gguf(&tmp, GgmlDType::F32, Some(v))?;
+                    std::fs::rename(&tmp, &base)?;
+                    base_gguf = Some(base);
+                }
+                let (served, _) = write_served(policy, v, dir, 0, base_gguf.as_deref())?;
                 let ctx = policy.config().max_position_embeddings;
-                let mut la = Launched::start(l, cfg.max_concurrency, ctx, &gguf, dir)?;
+                let mut la = Launched::start(l, cfg.max_concurrency, ctx, &served, dir)?;
                 la.wait_ready(Duration::from_secs_f64(cfg.timeout_s))?;
                 (la.urls(), Some(Mutex::new(la)))
             }
@@ -148,6 +164,7 @@ impl Engine {
             dir: dir.to_path_buf(),
             vocab,
             lora: policy.lora().is_some(),
+            base_gguf,
         })
     }
 
@@ -184,14 +201,17 @@ impl Engine {
         self.pool.set_version(version);
         let n = self.pool.urls().len();
         let mut failed = Vec::new();
+        let bytes;
         match (&self.launched, self.cfg.api) {
             (Some(la), _) => {
                 let vocab = self.vocab.as_ref().ok_or_else(|| {
                     EngineError::Setup("no GGUF vocabulary to write".into())
                 })?;
-                let gguf = write_policy_gguf(policy, vocab, &self.dir, version)?;
+                let (served, written) =
+                    write_served(policy, vocab, &self.dir, version, self.base_gguf.as_deref())?;
+                bytes = written;
                 let mut la = la.lock().unwrap_or_else(|e| e.into_inner());
-                let ready = la.restart(&gguf, Duration::from_secs_f64(self.cfg.timeout_s));
+                let ready = la.restart(&served, Duration::from_secs_f64(self.cfg.timeout_s));
                 for (i, r) in ready.into_iter().enumerate() {
                     match r {
                         Ok(()) => self.pool.mark_synced(i, version),
@@ -204,6 +224,7 @@ impl Engine {
                 // The previous version's file is no longer served.
                 if version > 0 {
                     let _ = std::fs::remove_file(gguf_path(&self.dir, version - 1));
+                    let _ = std::fs::remove_file(adapter_path(&self.dir, version - 1));
                 }
             }
             (None, Api::LlamaCpp) => {
@@ -214,6 +235,7 @@ impl Engine {
             }
             (None, api) => {
                 let (route, body) = self.sync_request(policy, version, api)?;
+                bytes = dir_bytes(&self.dir.join(format!("v{version:06}")));
                 for i in 0..n {
                     match self.pool.post_to(i, &route, &body) {
                         Ok(v) if v.get("success") == Some(&json!(false)) => {
@@ -260,6 +282,7 @@ impl Engine {
             version,
             synced,
             seconds: t0.elapsed().as_secs_f64(),
+            bytes,
             failed,
         })
     }
@@ -331,15 +354,48 @@ fn gguf_path(dir: &Path, version: u64) -> PathBuf {
     dir.join(format!("policy-v{version:06}.gguf"))
 }
 
-/// The policy (LoRA adapters merged) as an f32 GGUF file that llama.cpp
-/// loads; written to a temporary name first so a server never reads half
-/// a file.
-fn write_policy_gguf(
+/// The base model of adapter sync, written once at start.
+const BASE_GGUF: &str = "policy-base.gguf";
+
+fn adapter_path(dir: &Path, version: u64) -> PathBuf {
+    dir.join(format!("adapter-v{version:06}.gguf"))
+}
+
+/// Bytes of the files directly in `dir` (0 when it cannot be read).
+fn dir_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok()?.metadata().ok())
+                .filter(|m| m.is_file())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+/// Writes what the servers start on at `version`, and its size: with
+/// `base` (adapter sync), the policy's adapters as a llama.cpp LoRA GGUF
+/// beside that base; otherwise the policy (LoRA adapters merged) as an f32
+/// GGUF. Written to a temporary name first so a server never reads half a
+/// file.
+fn write_served(
     policy: &Policy,
     vocab: &GgufVocab,
     dir: &Path,
     version: u64,
-) -> Result<PathBuf, EngineError> {
+    base: Option<&Path>,
+) -> Result<(Served, u64), EngineError> {
+    if let Some(base) = base {
+        let path = adapter_path(dir, version);
+        let tmp = path.with_extension("gguf.tmp");
+        let bytes = policy.write_lora_gguf(&tmp)?;
+        std::fs::rename(&tmp, &path)?;
+        let served = Served {
+            model: base.to_path_buf(),
+            lora: Some(path),
+        };
+        return Ok((served, bytes));
+    }
     let path = gguf_path(dir, version);
     let tmp = path.with_extension("gguf.tmp");
     let merged;
@@ -351,5 +407,12 @@ fn write_policy_gguf(
     };
     p.write_gguf(&tmp, GgmlDType::F32, Some(vocab))?;
     std::fs::rename(&tmp, &path)?;
-    Ok(path)
+    let bytes = std::fs::metadata(&path)?.len();
+    Ok((
+        Served {
+            model: path,
+            lora: None,
+        },
+        bytes,
+    ))
 }

@@ -28,17 +28,20 @@ use crate::model::{GenerateOptions, Policy, Tok, TokenTrie};
 #[derive(Debug, Clone, PartialEq)]
 pub struct ServerArgs {
     pub model: PathBuf,
+    /// A llama.cpp LoRA GGUF applied on top of the model (`--lora`).
+    pub lora: Option<PathBuf>,
     pub host: String,
     pub port: u16,
     pub threads: usize,
 }
 
 impl ServerArgs {
-    /// Parse llama-server style flags: `-m PATH`, `--host H`, `--port P`,
-    /// `-t N`; `-np N` and `-c N` are accepted and ignored (one request at
+    /// Parse llama-server style flags: `-m PATH`, `--lora PATH`, `--host
+    /// H`, `--port P`, `-t N`; `-np N` and `-c N` are accepted and ignored (one request at
     /// a time, contexts as long as the model's).
     pub fn parse(args: &[String]) -> Result<Self, String> {
         let mut model = None;
+        let mut lora = None;
         let mut host = "127.0.0.1".to_string();
         let mut port = 8080u16;
         let mut threads = 1usize;
@@ -47,6 +50,7 @@ impl ServerArgs {
             let mut val = || it.next().cloned().ok_or(format!("{a} needs a value"));
             match a.as_str() {
                 "-m" | "--model" => model = Some(PathBuf::from(val()?)),
+                "--lora" => lora = Some(PathBuf::from(val()?)),
                 "--host" => host = val()?,
                 "--port" => port = val()?.parse().map_err(|e| format!("--port: {e}"))?,
                 "-t" | "--threads" => {
@@ -60,6 +64,7 @@ impl ServerArgs {
         }
         Ok(ServerArgs {
             model: model.ok_or("-m MODEL.gguf is required")?,
+            lora,
             host,
             port,
             threads: threads.max(1),
@@ -77,7 +82,10 @@ pub struct ReferenceServer {
 
 impl ReferenceServer {
     pub fn open(a: &ServerArgs) -> Result<Self, String> {
-        let policy = Policy::from_gguf(&a.model, &Device::Cpu).map_err(|e| e.to_string())?;
+        let mut policy = Policy::from_gguf(&a.model, &Device::Cpu).map_err(|e| e.to_string())?;
+        if let Some(lora) = &a.lora {
+            policy = policy.load_lora_gguf(lora).map_err(|e| e.to_string())?;
+        }
         let tok = Tok::from_gguf(&a.model).map_err(|e| e.to_string())?;
         let eos = policy
             .config()
@@ -313,9 +321,12 @@ mod tests {
             "4",
             "-c",
             "4096",
+            "--lora",
+            "a.gguf",
         ]))
         .unwrap();
         assert_eq!(a.port, 9001);
+        assert_eq!(a.lora, Some(PathBuf::from("a.gguf")));
         assert_eq!(a.threads, 2);
         assert_eq!(a.model, PathBuf::from("x.gguf"));
         assert!(ServerArgs::parse(&s(&["--port", "1"]))

@@ -239,7 +239,7 @@ fn vocab_size_of(g: &GgufFile, m: &Meta<'_>, k: &dyn Fn(&str) -> String) -> Resu
 
 /// llama.cpp's `permute` (HF → GGUF) on the rows of a `(n_head*hd, ...)`
 /// weight or `(n_head*hd,)` bias: row `(h, half, i)` moves to `(h, i, half)`.
-fn permute_rows(t: &Tensor, n_head: usize) -> Result<Tensor> {
+pub(super) fn permute_rows(t: &Tensor, n_head: usize) -> Result<Tensor> {
     let dims = t.dims().to_vec();
     let rest: usize = dims[1..].iter().product();
     let hd = dims[0] / n_head;
@@ -250,7 +250,7 @@ fn permute_rows(t: &Tensor, n_head: usize) -> Result<Tensor> {
 }
 
 /// Inverse of [`permute_rows`] (GGUF → HF).
-fn unpermute_rows(t: &Tensor, n_head: usize) -> Result<Tensor> {
+pub(super) fn unpermute_rows(t: &Tensor, n_head: usize) -> Result<Tensor> {
     let dims = t.dims().to_vec();
     let rest: usize = dims[1..].iter().product();
     let hd = dims[0] / n_head;
@@ -261,7 +261,7 @@ fn unpermute_rows(t: &Tensor, n_head: usize) -> Result<Tensor> {
 }
 
 /// Heads whose rows llama.cpp permutes for a tensor (HF name), if any.
-fn permuted_heads(cfg: &ModelConfig, arch: &Arch, hf_name: &str) -> Option<usize> {
+pub(super) fn permuted_heads(cfg: &ModelConfig, arch: &Arch, hf_name: &str) -> Option<usize> {
     if arch.family != Family::Llama {
         return None;
     }

@@ -212,6 +212,9 @@ pub struct StepEngine {
     pub failed_episodes: usize,
     /// Seconds to hand the updated weights to the servers.
     pub sync_s: f64,
+    /// Bytes written for that hand-over (a LoRA adapter, or a whole model).
+    #[serde(default)]
+    pub sync_bytes: u64,
     /// Servers holding the new version after the sync.
     pub synced: usize,
     /// Per server: requests served and failed this step, down now.

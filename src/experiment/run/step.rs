@@ -564,6 +564,7 @@ fn engine_step(
         missing: b.missing,
         failed_episodes: batch.engine_failed,
         sync_s: round(sync.seconds),
+        sync_bytes: sync.bytes,
         synced: sync.synced,
         servers,
     })

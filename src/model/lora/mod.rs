@@ -19,6 +19,9 @@ use super::error::{ModelError, Result};
 use super::names::{layer_prefix, LayerTensor};
 
 mod adapters;
+mod gguf;
+
+pub use gguf::{LORA_A, LORA_B};
 
 /// Adapter weights file name (PEFT).
 pub const ADAPTER_WEIGHTS: &str = "adapter_model.safetensors";

@@ -264,3 +264,95 @@ fn lora_training_moves_the_target_log_prob() {
         assert_eq!(d, 0.0, "base {n} moved");
     }
 }
+
+#[test]
+fn adapters_written_as_llama_cpp_lora_gguf_load_back_exactly() {
+    use crate::model::GgmlDType;
+    let p = lora_policy(false, ALL, 0.0);
+    let dir = tempfile::tempdir().unwrap();
+    let (base, lora) = (dir.path().join("base.gguf"), dir.path().join("lora.gguf"));
+    p.write_gguf(&base, GgmlDType::F32, None).unwrap();
+    let bytes = p.write_lora_gguf(&lora).unwrap();
+    assert_eq!(bytes, std::fs::metadata(&lora).unwrap().len());
+    assert!(bytes < std::fs::metadata(&base).unwrap().len());
+    // The base file holds no adapter; the adapter file no base weight.
+    let g = crate::model::GgufFile::open(&lora).unwrap();
+    assert!(g
+        .tensor_names()
+        .iter()
+        .all(|n| n.ends_with(".lora_a") || n.ends_with(".lora_b")));
+    assert_eq!(
+        g.tensor_names().len(),
+        2 * ALL.len() * p.config().num_hidden_layers
+    );
+    // Q's B is stored with llama.cpp's row permutation, A as it is.
+    let (_, qb) = g.tensor_info("blk.0.attn_q.weight.lora_b").unwrap();
+    let (_, qa) = g.tensor_info("blk.0.attn_q.weight.lora_a").unwrap();
+    assert_eq!((qa[0], qb[1]), (4, 4));
+    let back = Policy::from_gguf(&base, &Device::Cpu)
+        .unwrap()
+        .load_lora_gguf(&lora)
+        .unwrap();
+    assert_eq!(back.lora(), p.lora());
+    for ((na, a), (nb, b)) in p.adapter_tensors().iter().zip(back.adapter_tensors()) {
+        assert_eq!(na, &nb);
+        let d: f32 = (a - &b)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar()
+            .unwrap();
+        assert_eq!(d, 0.0, "{na}");
+    }
+    let batch = lora_batch();
+    assert_eq!(score_vec(&back, &batch), score_vec(&p, &batch));
+    // A B written without the permutation would not load back equal.
+    let raw = p.adapter_tensors();
+    let qb_raw = &raw
+        .iter()
+        .find(|(n, _)| n == &Proj::Q.tensor_name(0, false))
+        .unwrap()
+        .1;
+    let stored = g.read_all_f32().unwrap();
+    let qb_file = &stored
+        .iter()
+        .find(|(n, _)| n == "blk.0.attn_q.weight.lora_b")
+        .unwrap()
+        .1;
+    let d: f32 = (qb_raw - qb_file)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar()
+        .unwrap();
+    assert!(d > 0.0, "Q's B must be row-permuted in the file");
+}
+
+#[test]
+fn a_file_that_is_not_a_lora_adapter_is_refused_with_file_and_key() {
+    use crate::model::GgmlDType;
+    let p = lora_policy(false, &["q_proj"], 0.0);
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model.gguf");
+    p.write_gguf(&model, GgmlDType::F32, None).unwrap();
+    let base = || Policy::from_gguf(&model, &Device::Cpu).unwrap();
+    let e = base().load_lora_gguf(&model).unwrap_err().to_string();
+    assert!(
+        e.contains("model.gguf") && e.contains("general.type"),
+        "{e}"
+    );
+    let e = base()
+        .load_lora_gguf(&dir.path().join("none.gguf"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("none.gguf"), "{e}");
+    let e = policy(false, 31)
+        .write_lora_gguf(&dir.path().join("x.gguf"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("no LoRA adapters"), "{e}");
+}
