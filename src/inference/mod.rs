@@ -135,9 +135,9 @@ impl Engine {
                 };
                 if l.adapter && policy.lora().is_some() {
                     let base = dir.join(BASE_GGUF);
-                    let tmp = base.with_extension("gguf.tmp");
-                    policy.write_gguf(&tmp, GgmlDType::F32, Some(v))?;
-                    std::fs::rename(&tmp, &base)?;
+                    write_then_rename(&base, |tmp| {
+                        policy.write_gguf(tmp, GgmlDType::F32, Some(v))
+                    })?;
                     base_gguf = Some(base);
                 }
                 let (served, _) = write_served(policy, v, dir, 0, base_gguf.as_deref())?;
@@ -373,11 +373,22 @@ fn dir_bytes(dir: &Path) -> u64 {
         .unwrap_or(0)
 }
 
+/// Writes through `write` to a temporary name beside `path`, then renames
+/// it into place, so a server never reads half a file.
+fn write_then_rename<T>(
+    path: &Path,
+    write: impl FnOnce(&Path) -> Result<T, crate::model::ModelError>,
+) -> Result<T, EngineError> {
+    let tmp = path.with_extension("gguf.tmp");
+    let out = write(&tmp)?;
+    std::fs::rename(&tmp, path)?;
+    Ok(out)
+}
+
 /// Writes what the servers start on at `version`, and its size: with
 /// `base` (adapter sync), the policy's adapters as a llama.cpp LoRA GGUF
 /// beside that base; otherwise the policy (LoRA adapters merged) as an f32
-/// GGUF. Written to a temporary name first so a server never reads half a
-/// file.
+/// GGUF.
 fn write_served(
     policy: &Policy,
     vocab: &GgufVocab,
@@ -387,9 +398,7 @@ fn write_served(
 ) -> Result<(Served, u64), EngineError> {
     if let Some(base) = base {
         let path = adapter_path(dir, version);
-        let tmp = path.with_extension("gguf.tmp");
-        let bytes = policy.write_lora_gguf(&tmp)?;
-        std::fs::rename(&tmp, &path)?;
+        let bytes = write_then_rename(&path, |tmp| policy.write_lora_gguf(tmp))?;
         let served = Served {
             model: base.to_path_buf(),
             lora: Some(path),
@@ -397,7 +406,6 @@ fn write_served(
         return Ok((served, bytes));
     }
     let path = gguf_path(dir, version);
-    let tmp = path.with_extension("gguf.tmp");
     let merged;
     let p = if policy.lora().is_some() {
         merged = policy.merged()?;
@@ -405,8 +413,7 @@ fn write_served(
     } else {
         policy
     };
-    p.write_gguf(&tmp, GgmlDType::F32, Some(vocab))?;
-    std::fs::rename(&tmp, &path)?;
+    write_then_rename(&path, |tmp| p.write_gguf(tmp, GgmlDType::F32, Some(vocab)))?;
     let bytes = std::fs::metadata(&path)?.len();
     Ok((
         Served {
