@@ -283,6 +283,7 @@ mod tests {
                     observation: "",
                     admissible: &[],
                     show_actions: true,
+                    conversation: false,
                 }));
                 for s in texts {
                     let ids = tok.encode(&s).unwrap();

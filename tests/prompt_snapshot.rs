@@ -25,11 +25,13 @@ fn prompt_rendering_is_pinned() {
         observation: &obs.text,
         admissible: &obs.admissible,
         show_actions: true,
+        conversation: false,
     });
     let next = env.step(&task.expert[0]).unwrap();
     let history = vec![Step {
         observation: obs.text.clone(),
         action: task.expert[0].clone(),
+        ..Default::default()
     }];
     let second = render(&PromptParts {
         goal: &task.goal,
@@ -40,6 +42,7 @@ fn prompt_rendering_is_pinned() {
         observation: &next.text,
         admissible: &next.admissible,
         show_actions: false,
+        conversation: false,
     });
     insta::assert_snapshot!(format!(
         "{}\n\n----- after `{}` -----\n\n{}",
@@ -69,12 +72,14 @@ fn chat_prompt_rendering_is_pinned() {
             observation: &obs.text,
             admissible: &obs.admissible,
             show_actions: true,
+            conversation: false,
         },
     );
     let next = env.step(&task.expert[0]).unwrap();
     let history = vec![Step {
         observation: obs.text.clone(),
         action: task.expert[0].clone(),
+        ..Default::default()
     }];
     let second = render_agent(
         ChatTemplate::Llama3,
@@ -87,6 +92,7 @@ fn chat_prompt_rendering_is_pinned() {
             observation: &next.text,
             admissible: &next.admissible,
             show_actions: false,
+            conversation: false,
         },
     );
     insta::assert_snapshot!(format!(

@@ -110,6 +110,7 @@ pub fn run(cfg: &BenchConfig) -> Result<BenchReport, RunError> {
         greedy: false,
         constrained: true,
         history: 2,
+        conversation: false,
         invalid_penalty: 0.0,
         max_action_tokens: 16,
         show_actions: true,

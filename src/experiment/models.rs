@@ -121,6 +121,7 @@ pub fn rollout_options(
         greedy: false,
         constrained: exp.rollout.constrained,
         history: exp.rollout.history,
+        conversation: exp.rollout.conversation,
         invalid_penalty: exp.rollout.invalid_penalty,
         max_action_tokens: exp.rollout.max_action_tokens,
         show_actions: exp.rollout.show_actions,

@@ -273,38 +273,80 @@ pub fn wrap_action(action: &str) -> String {
 /// with the goal, the plan (if any), the status, the observation and (if
 /// shown) the admissible actions. The same information as the plain
 /// format's [`super::prompt::render`].
+///
+/// In the conversation layout (`p.conversation`) the whole episode is one
+/// exchange: the first user message carries the goal and plan, every later
+/// state is a user message with its status, observation and actions, every
+/// answer the assistant's. Turn t + 1's prompt then starts with turn t's
+/// prompt and answer, so the trainer's prefix packing scores an episode's
+/// turns in one pass.
 pub fn agent_messages(p: &PromptParts) -> Vec<Message> {
     let mut msgs = vec![Message::new(Role::System, SYSTEM_PROMPT)];
-    let start = p.history.len().saturating_sub(p.window);
-    for st in &p.history[start..] {
-        msgs.push(Message::new(
-            Role::User,
-            format!("Observation: {}", st.observation),
-        ));
-        msgs.push(Message::new(Role::Assistant, wrap_action(&st.action)));
-    }
-    let mut u = String::with_capacity(512);
-    u.push_str("Task: ");
-    u.push_str(p.goal);
-    if !p.plan.is_empty() {
-        u.push_str("\nReference plan (may be incomplete):");
-        for (i, a) in p.plan.iter().enumerate() {
-            u.push_str(&format!("\n{}. {a}", i + 1));
+    if p.conversation {
+        for (i, st) in p.history.iter().enumerate() {
+            let state = State {
+                status: &st.status,
+                observation: &st.observation,
+                admissible: &st.admissible,
+            };
+            msgs.push(Message::new(Role::User, state_message(p, i == 0, state)));
+            msgs.push(Message::new(Role::Assistant, wrap_action(&st.action)));
+        }
+    } else {
+        let start = p.history.len().saturating_sub(p.window);
+        for st in &p.history[start..] {
+            msgs.push(Message::new(
+                Role::User,
+                format!("Observation: {}", st.observation),
+            ));
+            msgs.push(Message::new(Role::Assistant, wrap_action(&st.action)));
         }
     }
-    u.push_str("\nStatus: ");
-    u.push_str(p.status);
+    let first = !p.conversation || p.history.is_empty();
+    let now = State {
+        status: p.status,
+        observation: p.observation,
+        admissible: p.admissible,
+    };
+    msgs.push(Message::new(Role::User, state_message(p, first, now)));
+    msgs
+}
+
+/// One state as the prompt shows it.
+#[derive(Clone, Copy)]
+struct State<'a> {
+    status: &'a str,
+    observation: &'a str,
+    admissible: &'a [String],
+}
+
+/// A user message for `state`: the goal and plan first when `head`, then
+/// the status, the observation and (if shown) the admissible actions.
+fn state_message(p: &PromptParts, head: bool, state: State) -> String {
+    let mut u = String::with_capacity(512);
+    if head {
+        u.push_str("Task: ");
+        u.push_str(p.goal);
+        if !p.plan.is_empty() {
+            u.push_str("\nReference plan (may be incomplete):");
+            for (i, a) in p.plan.iter().enumerate() {
+                u.push_str(&format!("\n{}. {a}", i + 1));
+            }
+        }
+        u.push('\n');
+    }
+    u.push_str("Status: ");
+    u.push_str(state.status);
     u.push_str("\nObservation: ");
-    u.push_str(p.observation);
+    u.push_str(state.observation);
     if p.show_actions {
         u.push_str("\nAdmissible actions:");
-        for a in p.admissible {
+        for a in state.admissible {
             u.push_str("\n- ");
             u.push_str(a);
         }
     }
-    msgs.push(Message::new(Role::User, u));
-    msgs
+    u
 }
 
 /// The rendered agent prompt, ending with the assistant header.
@@ -496,10 +538,12 @@ mod tests {
             Step {
                 observation: "o0".into(),
                 action: "a0".into(),
+                ..Default::default()
             },
             Step {
                 observation: "o1".into(),
                 action: "a1".into(),
+                ..Default::default()
             },
         ];
         let plan = vec!["go to desk 1".to_string(), "look".to_string()];
@@ -513,6 +557,7 @@ mod tests {
             observation: "Nothing happens.",
             admissible: &adm,
             show_actions: true,
+            conversation: false,
         };
         let m = agent_messages(&p);
         assert_eq!(m.len(), 4);

@@ -141,6 +141,8 @@ pub(super) struct Live<'a> {
     pub(super) env: Box<dyn Env>,
     pub(super) history: Vec<Step>,
     pub(super) observation: String,
+    /// The env's status line for `observation` (kept for the history).
+    pub(super) status: String,
     pub(super) admissible: Vec<String>,
     pub(super) plan: Vec<String>,
     pub(super) ep: Episode,
@@ -163,6 +165,7 @@ impl<'a> Live<'a> {
             env,
             history: Vec::new(),
             observation: String::new(),
+            status: String::new(),
             admissible: Vec::new(),
             done: false,
         }
@@ -200,6 +203,7 @@ impl<'a> Live<'a> {
         match l.env.reset(req.task) {
             Ok(obs) => {
                 l.observation = obs.text;
+                l.status = l.env.status();
                 l.admissible = obs.admissible;
                 l.done = obs.done;
             }
@@ -239,7 +243,7 @@ impl<'a> Live<'a> {
                 self.ep.unencodable.push((a.clone(), unknown));
             }
             let record = if trainable && (opts.record_prefix || expert_ep) {
-                let prompt_ids = self.prompt(fmt, &self.plan, opts.history, opts.show_actions)?;
+                let prompt_ids = self.prompt(fmt, &self.plan, opts)?;
                 let mut action_ids = fmt.action_ids(a)?;
                 action_ids.push(fmt.stop);
                 Some((prompt_ids, action_ids, self.state()))
@@ -291,12 +295,15 @@ impl<'a> Live<'a> {
     /// `action` was taken and the env answered `text` with `admissible`:
     /// the old observation and the action enter the history.
     pub(super) fn advance(&mut self, action: String, text: String, admissible: Vec<String>) {
-        let before = std::mem::replace(&mut self.observation, text);
+        let observation = std::mem::replace(&mut self.observation, text);
+        let status = std::mem::replace(&mut self.status, self.env.status());
+        let admissible = std::mem::replace(&mut self.admissible, admissible);
         self.history.push(Step {
-            observation: before,
+            observation,
             action,
+            status,
+            admissible,
         });
-        self.admissible = admissible;
     }
 
     /// The current state's anchor text ([`state_text`]).
@@ -304,23 +311,24 @@ impl<'a> Live<'a> {
         state_text(&self.env.status(), &self.observation)
     }
 
-    /// Prompt token ids of the current state with `plan` shown.
+    /// Prompt token ids of the current state with `plan` shown, laid out
+    /// as `opts` says (history window, action list, conversation).
     pub(super) fn prompt(
         &self,
         fmt: &Fmt<'_>,
         plan: &[String],
-        window: usize,
-        show_actions: bool,
+        opts: &RolloutOptions,
     ) -> Result<Vec<u32>, ModelError> {
         fmt.prompt(&PromptParts {
             goal: &self.req.task.goal,
             plan,
             history: &self.history,
-            window,
-            status: &self.env.status(),
+            window: opts.history,
+            status: &self.status,
             observation: &self.observation,
             admissible: &self.admissible,
-            show_actions,
+            show_actions: opts.show_actions,
+            conversation: opts.conversation,
         })
     }
 

@@ -54,6 +54,7 @@ pub fn expert_state_prompts(
         .reset(task)
         .map_err(|e| RolloutError::Env(e.to_string()))?;
     l.observation = obs.text;
+    l.status = l.env.status();
     l.admissible = obs.admissible;
     let mut done = obs.done;
     for (t, a) in task.expert.iter().enumerate() {
@@ -63,8 +64,8 @@ pub fn expert_state_prompts(
         out.push(StatePrompts {
             depth: t,
             next_action: a.clone(),
-            guided: l.prompt(&fmt, &l.plan, opts.history, opts.show_actions)?,
-            unguided: l.prompt(&fmt, &[], opts.history, opts.show_actions)?,
+            guided: l.prompt(&fmt, &l.plan, opts)?,
+            unguided: l.prompt(&fmt, &[], opts)?,
         });
         let obs = l
             .env

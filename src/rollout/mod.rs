@@ -37,6 +37,9 @@ pub struct RolloutOptions {
     pub greedy: bool,
     pub constrained: bool,
     pub history: usize,
+    /// Chat format: each episode is one growing conversation, so its turns
+    /// share their prompts as prefixes (`rollout.conversation`).
+    pub conversation: bool,
     pub invalid_penalty: f64,
     pub max_action_tokens: usize,
     pub show_actions: bool,

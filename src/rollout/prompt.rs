@@ -28,11 +28,15 @@ pub const SCAFFOLD_WORDS: &[&str] = &[
 
 /// One past step as shown in the history window: the observation the
 /// agent had, and the action it took. (The action's result is the next
-/// step's observation, or the prompt's current observation.)
-#[derive(Debug, Clone, PartialEq)]
+/// step's observation, or the prompt's current observation.) The status
+/// line and admissible actions of that state are kept for the chat
+/// conversation layout, which shows every past state as it was prompted.
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Step {
     pub observation: String,
     pub action: String,
+    pub status: String,
+    pub admissible: Vec<String>,
 }
 
 /// Everything a prompt shows.
@@ -48,6 +52,10 @@ pub struct PromptParts<'a> {
     /// List the admissible actions in the prompt (constrained decoding
     /// enforces them either way; leaving them out halves prompt length).
     pub show_actions: bool,
+    /// Chat format only: the episode as one growing conversation (every
+    /// past state a user message, every answer the assistant's), so each
+    /// prompt extends the one before; `window` is then ignored.
+    pub conversation: bool,
 }
 
 /// Render a prompt. `plan` is shown only when non-empty (k ≥ 1); with
@@ -150,6 +158,7 @@ mod tests {
             .map(|i| Step {
                 action: format!("a{i}"),
                 observation: format!("o{i}"),
+                ..Default::default()
             })
             .collect();
         let plan = vec!["go to desk 1".to_string()];
@@ -163,6 +172,7 @@ mod tests {
             observation: "Nothing happens.",
             admissible: &adm,
             show_actions: true,
+            conversation: false,
         };
         let s = render(&p);
         assert!(s.contains("plan ( may be incomplete ) : 1 . go to desk 1"));

@@ -15,6 +15,7 @@ fn opts(max_steps: usize, step_slack: Option<usize>) -> RolloutOptions {
         greedy: false,
         constrained: true,
         history: 1,
+        conversation: false,
         invalid_penalty: 0.0,
         max_action_tokens: 8,
         show_actions: true,
@@ -168,6 +169,82 @@ fn chat_format_constrained_actions_are_executed() {
     let plain = crate::tiny::tiny_tokenizer().unwrap();
     let e = run(&policy, &plain, &household, &reqs, &o, &mut rng, None).unwrap_err();
     assert!(e.to_string().contains("chat special tokens"), "{e}");
+}
+
+/// In the conversation layout every turn's prompt and answer are a prefix
+/// of the next turn's prompt (guided and unguided alike), the first prompt
+/// is the window layout's, and the packed scorer runs an episode's turns
+/// through the trunk once: as many tokens as its longest turn.
+#[test]
+fn conversation_turns_extend_each_other_and_score_in_one_pass() {
+    let (policy, tok, tasks) = chat_setup();
+    let o = RolloutOptions {
+        max_action_tokens: 40,
+        format: PromptFormat::Chat(None),
+        conversation: true,
+        ..opts(4, None)
+    };
+    let reqs = requests(
+        &tasks,
+        ResolvedSpec {
+            plan: 2,
+            ..Default::default()
+        },
+    );
+    let mut rng = crate::seed::rng(7, &[4]);
+    let (eps, _) = run(&policy, &tok, &household, &reqs, &o, &mut rng, None).unwrap();
+    let window = RolloutOptions {
+        conversation: false,
+        ..o.clone()
+    };
+    let mut rng = crate::seed::rng(7, &[4]);
+    let (flat, _) = run(&policy, &tok, &household, &reqs, &window, &mut rng, None).unwrap();
+    for (ep, flat) in eps.iter().zip(&flat) {
+        assert!(ep.error.is_none(), "{:?}", ep.error);
+        assert!(ep.turns.len() >= 3, "{}", ep.turns.len());
+        assert_eq!(ep.turns[0].prompt_ids, flat.turns[0].prompt_ids);
+        for w in ep.turns.windows(2) {
+            let mut seq = w[0].prompt_ids.clone();
+            seq.extend(&w[0].action_ids);
+            assert!(
+                w[1].prompt_ids.starts_with(&seq),
+                "turn prompt does not extend the last"
+            );
+            let unguided = |t: &Turn| t.unguided_prompt_ids.clone().unwrap();
+            let mut seq = unguided(&w[0]);
+            seq.extend(&w[0].action_ids);
+            assert!(unguided(&w[1]).starts_with(&seq));
+        }
+        let seqs: Vec<Vec<u32>> = ep
+            .turns
+            .iter()
+            .map(|t| [t.prompt_ids.clone(), t.action_ids.clone()].concat())
+            .collect();
+        let score = |share: bool| {
+            let batch = crate::model::ScoreBatch {
+                targets: seqs.iter().map(|s| vec![s.len() - 1]).collect(),
+                seqs: seqs.clone(),
+                temperature: 1.0,
+                share_prefixes: share,
+            };
+            let out = policy.score(&batch).unwrap();
+            (out.trunk_tokens, out.logp.to_vec1::<f32>().unwrap())
+        };
+        let (packed, lp) = score(true);
+        let (padded, lp_flat) = score(false);
+        // The trunk runs each sequence up to its last target (its last
+        // token is only scored): the longest turn less one token.
+        assert_eq!(packed, seqs.iter().map(Vec::len).max().unwrap() - 1);
+        // Unpacked, every turn runs whole (and padded).
+        let whole: usize = seqs.iter().map(|s| s.len() - 1).sum();
+        assert!(
+            padded >= whole && whole >= 2 * packed,
+            "{padded} {whole} {packed}"
+        );
+        for (a, b) in lp.iter().zip(&lp_flat) {
+            assert!((a - b).abs() < 1e-4, "{a} vs {b}");
+        }
+    }
 }
 
 fn normalize_action(text: &str) -> String {

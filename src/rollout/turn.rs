@@ -71,9 +71,9 @@ impl Live<'_> {
         let hint: Vec<String> = hint.into_iter().cloned().collect();
         let shown: &[String] = if hint.is_empty() { &self.plan } else { &hint };
         let guided = !shown.is_empty();
-        let prompt = self.prompt(fmt, shown, opts.history, opts.show_actions)?;
+        let prompt = self.prompt(fmt, shown, opts)?;
         let unguided = if guided {
-            Some(self.prompt(fmt, &[], opts.history, opts.show_actions)?)
+            Some(self.prompt(fmt, &[], opts)?)
         } else {
             None
         };

@@ -159,6 +159,11 @@ pub struct RolloutSection {
     pub constrained: bool,
     /// Number of recent (observation, action) pairs in the prompt.
     pub history: usize,
+    /// Chat format only: each episode is one growing conversation (every
+    /// past state a user message, every answer the assistant's), so turn
+    /// t + 1's prompt extends turn t's and the trainer scores an episode's
+    /// turns in one pass; `history` is ignored.
+    pub conversation: bool,
     /// Reward added per invalid action (usually ≤ 0).
     pub invalid_penalty: f64,
     /// Most tokens generated for one action.
@@ -209,6 +214,7 @@ impl Default for RolloutSection {
             top_p: 1.0,
             constrained: true,
             history: 2,
+            conversation: false,
             invalid_penalty: 0.0,
             max_action_tokens: 16,
             show_actions: true,
@@ -380,6 +386,12 @@ fn check_rollout(file: &str, r: &RolloutSection) -> Result<(), ConfigError> {
             file,
             "rollout.async overlaps engine generation with training: it needs rollout.engine \
              (built-in generation shares the trainer's weights and cores)",
+        ));
+    }
+    if r.conversation && r.format == PromptFormat::Plain {
+        return Err(invalid(
+            file,
+            "rollout.conversation lays an episode out as chat messages: set rollout.format to \"chat\"",
         ));
     }
     if let Some(e) = &r.engine {
@@ -698,5 +710,20 @@ let steps = 3;
         let d = Experiment::from_source("x.rhai", GOOD).unwrap();
         assert_eq!(d.model.device, DeviceSpec::Cpu);
         assert_eq!(d.evaluation.panels, [EvalPanel::Test]);
+    }
+
+    #[test]
+    fn the_conversation_layout_needs_the_chat_format() {
+        let with = |fmt: &str| {
+            GOOD.replace(
+                "steps: steps,",
+                &format!("steps: steps, rollout: #{{ format: \"{fmt}\", conversation: true }},"),
+            )
+        };
+        let msg = refused(&with("plain"));
+        assert!(msg.contains("rollout.conversation"), "{msg}");
+        assert!(msg.contains("\"chat\""), "{msg}");
+        let e = Experiment::from_source("x.rhai", &with("chatml")).unwrap();
+        assert!(e.rollout.conversation);
     }
 }
