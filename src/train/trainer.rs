@@ -191,7 +191,9 @@ impl Trainer {
             idx.sort_by(|&a, &b| samples[a].seq.cmp(&samples[b].seq));
         }
         let mut st = BehaviourStats::default();
-        for chunk in idx.chunks(self.cfg.micro_batch.max(1)) {
+        let seqs: Vec<&[u32]> = idx.iter().map(|&i| samples[i].seq.as_slice()).collect();
+        let ranges = micro_chunks(&seqs, self.cfg.micro_batch, self.cfg.share_prefixes);
+        for chunk in ranges.into_iter().map(|r| &idx[r]) {
             let batch = ScoreBatch {
                 seqs: chunk.iter().map(|&i| samples[i].seq.clone()).collect(),
                 targets: chunk.iter().map(|&i| samples[i].targets.clone()).collect(),
@@ -298,7 +300,11 @@ impl Trainer {
         let vars = self.opt.vars();
         let mut acc: Vec<Option<Tensor>> = vec![None; vars.len()];
         let dev = policy.device().clone();
-        let chunks: Vec<&[usize]> = idx.chunks(c.micro_batch).collect();
+        let seqs: Vec<&[u32]> = idx.iter().map(|&i| mb[i].seq.as_slice()).collect();
+        let chunks: Vec<&[usize]> = micro_chunks(&seqs, c.micro_batch, c.share_prefixes)
+            .into_iter()
+            .map(|r| &idx[r])
+            .collect();
         // Data-parallel: this rank's share of the micro-batches (all of
         // them alone); the token weights above are the whole minibatch's.
         for k in shard(chunks.len(), self.coll.rank(), self.coll.world()) {
@@ -533,4 +539,60 @@ pub fn global_norm(grads: &[Option<Tensor>]) -> Result<f64, candle_core::Error> 
             .to_scalar::<f64>()?;
     }
     Ok(total.sqrt())
+}
+
+/// Splits sequences (in scoring order) into micro-batches of `micro_batch`
+/// sequences. With prefix sharing, a sequence that the next one strictly
+/// extends (a conversation turn whose prompt and answer open the next
+/// turn's prompt) does not count: it adds no tokens to the packed row, and
+/// splitting an episode's turns across micro-batches would run its
+/// conversation once per micro-batch. Elsewhere the plain count.
+fn micro_chunks(seqs: &[&[u32]], micro_batch: usize, share: bool) -> Vec<std::ops::Range<usize>> {
+    let per = micro_batch.max(1);
+    let mut out = Vec::new();
+    let (mut start, mut count) = (0usize, 0usize);
+    for k in 0..seqs.len() {
+        let extended = share
+            && seqs
+                .get(k + 1)
+                .is_some_and(|next| next.len() > seqs[k].len() && next.starts_with(seqs[k]));
+        if !extended {
+            count += 1;
+        }
+        if count == per {
+            out.push(start..k + 1);
+            start = k + 1;
+            count = 0;
+        }
+    }
+    if start < seqs.len() {
+        out.push(start..seqs.len());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::micro_chunks;
+
+    #[test]
+    fn micro_batches_count_sequences_but_keep_a_conversation_together() {
+        let a: &[u32] = &[1, 2];
+        let b: &[u32] = &[1, 2, 3, 4];
+        let c: &[u32] = &[1, 2, 3, 4, 5];
+        let d: &[u32] = &[1, 7];
+        let e: &[u32] = &[1, 7];
+        let seqs = [a, b, c, d, e];
+        // The plain count, with sharing off, or with no sequence extended.
+        assert_eq!(micro_chunks(&seqs, 2, false), vec![0..2, 2..4, 4..5]);
+        assert_eq!(micro_chunks(&[d, e, d], 2, true), vec![0..2, 2..3]);
+        // a and b open c: the conversation a-b-c is one, equal sequences
+        // are not an extension.
+        assert_eq!(micro_chunks(&seqs, 2, true), vec![0..4, 4..5]);
+        assert_eq!(micro_chunks(&seqs, 1, true), vec![0..3, 3..4, 4..5]);
+        assert_eq!(
+            micro_chunks(&[], 4, true),
+            Vec::<std::ops::Range<usize>>::new()
+        );
+    }
 }
