@@ -299,7 +299,13 @@ fn one_step(
         }
     }
     let t1 = Instant::now();
-    trainer.step(policy, &samples, step, rng)?;
+    // As a run does: bf16 rollout weights are a behaviour policy of their
+    // own, corrected for inside the update (the runs' cap).
+    if policy.rollout_bf16() {
+        trainer.step_corrected(policy, &mut samples, step, rng, 2.0)?;
+    } else {
+        trainer.step(policy, &samples, step, rng)?;
+    }
     let update_s = t1.elapsed().as_secs_f64();
     Ok(GrpoStep {
         generate_s,

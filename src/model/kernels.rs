@@ -21,7 +21,7 @@ use super::llama::Policy;
 
 /// Product weights (elements) from which a model counts as large: the
 /// size at which generation also packs its f32 weights.
-const LARGE_MODEL_ELEMS: usize = 1 << 24;
+pub(crate) const LARGE_MODEL_ELEMS: usize = 1 << 24;
 
 /// The CPU's name and the instruction sets the kernels choose by.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -119,6 +119,57 @@ impl Trainer {
         step: usize,
         rng: &mut ChaCha8Rng,
     ) -> Result<TrainStats, TrainError> {
+        self.step_with(policy, samples, step, rng, None)
+    }
+
+    /// Whether [`Trainer::step_corrected`] can take π_old from the
+    /// training pass itself: one optimiser step over the whole batch on
+    /// one rank, so every micro-batch is scored by the weights that
+    /// sampled π_old would have been scored with.
+    pub fn fuses_behaviour(&self) -> bool {
+        self.cfg.ppo_epochs == 1 && self.cfg.minibatches == 1 && self.coll.world() == 1
+    }
+
+    /// One update on samples whose policy tokens came from another
+    /// behaviour policy (an inference engine, bf16 rollout weights),
+    /// truncating the importance weights at `cap`. Where the update is a
+    /// single optimiser step ([`Trainer::fuses_behaviour`]) π_old is the
+    /// training pass's own detached log-prob (the PPO ratio is then 1, as
+    /// in any one-step GRPO update) and the weights min(π_old / π_behaviour,
+    /// `cap`) are taken from that pass: no separate scoring pass. Elsewhere
+    /// [`Trainer::behaviour_correction`] scores π_old first. The returned
+    /// seconds include the correction.
+    pub fn step_corrected(
+        &mut self,
+        policy: &Policy,
+        samples: &mut [Sample],
+        step: usize,
+        rng: &mut ChaCha8Rng,
+        cap: f64,
+    ) -> Result<(TrainStats, BehaviourStats), TrainError> {
+        if self.fuses_behaviour() {
+            let mut fuse = Fuse {
+                cap,
+                stats: BehaviourStats::default(),
+            };
+            let stats = self.step_with(policy, samples, step, rng, Some(&mut fuse))?;
+            return Ok((stats, fuse.stats));
+        }
+        let t0 = Instant::now();
+        let b = self.behaviour_correction(policy, samples, cap)?;
+        let mut stats = self.step(policy, samples, step, rng)?;
+        stats.seconds = t0.elapsed().as_secs_f64();
+        Ok((stats, b))
+    }
+
+    fn step_with(
+        &mut self,
+        policy: &Policy,
+        samples: &[Sample],
+        step: usize,
+        rng: &mut ChaCha8Rng,
+        mut fuse: Option<&mut Fuse>,
+    ) -> Result<TrainStats, TrainError> {
         let t0 = Instant::now();
         let lr = self.lr(step);
         // LoRA dropout masks come from this step's stream (drawn only when
@@ -141,7 +192,7 @@ impl Trainer {
             let per = samples.len().div_ceil(self.cfg.minibatches).max(1);
             for mb in order.chunks(per) {
                 let mb: Vec<&Sample> = mb.iter().map(|&i| &samples[i]).collect();
-                let grads = self.accumulate(policy, &mb, &mut sums)?;
+                let grads = self.accumulate(policy, &mb, &mut sums, fuse.as_deref_mut())?;
                 let grads = self.reduce(grads)?;
                 let norm = global_norm(&grads)?;
                 stats.grad_norm += norm;
@@ -182,10 +233,7 @@ impl Trainer {
         cap: f64,
     ) -> Result<BehaviourStats, TrainError> {
         let mut idx: Vec<usize> = (0..samples.len())
-            .filter(|&i| {
-                let s = &samples[i];
-                !s.aux && !s.forced && !s.off_policy && !s.old_logp.is_empty()
-            })
+            .filter(|&i| corrected(&samples[i]))
             .collect();
         if self.cfg.share_prefixes {
             idx.sort_by(|&a, &b| samples[a].seq.cmp(&samples[b].seq));
@@ -207,27 +255,12 @@ impl Trainer {
                 let n = s.targets.len();
                 let local = &lp[at..at + n];
                 at += n;
-                let mut tis = Vec::with_capacity(n);
-                for (j, &l) in local.iter().enumerate() {
-                    let b = s.old_logp.get(j).copied().unwrap_or(f32::NAN);
-                    if b.is_finite() {
-                        let d = f64::from(l - b);
-                        let w = d.exp();
-                        st.tokens += 1;
-                        st.abs_diff_sum += d.abs();
-                        st.max_abs_diff = st.max_abs_diff.max(d.abs());
-                        st.ratio_sum += w;
-                        if w > cap {
-                            st.truncated += 1;
-                        }
-                        tis.push(w.min(cap) as f32);
-                    } else {
-                        st.missing += 1;
-                        tis.push(1.0);
-                    }
-                }
+                s.tis = local
+                    .iter()
+                    .enumerate()
+                    .map(|(j, &l)| truncated_weight(&mut st, l, s.old_logp.get(j).copied(), cap))
+                    .collect();
                 s.old_logp = local.to_vec();
-                s.tis = tis;
             }
         }
         Ok(st)
@@ -284,6 +317,7 @@ impl Trainer {
         policy: &Policy,
         mb: &[&Sample],
         sums: &mut Sums,
+        mut fuse: Option<&mut Fuse>,
     ) -> Result<Vec<Option<Tensor>>, TrainError> {
         let c = &self.cfg;
         let norms = Norms::of(mb, c.aux_nll_coef);
@@ -327,6 +361,7 @@ impl Trainer {
                 &lp,
                 &norms,
                 c.aggregation == Aggregation::TokenMean,
+                fuse.as_deref_mut(),
             );
             let terms = self.micro_loss(&batch, &out, &consts, norms.use_aux, &dev)?;
             let grads = terms.loss.backward()?;
@@ -469,7 +504,16 @@ struct TokenConsts {
 impl TokenConsts {
     /// The constants of the samples `chunk` of `mb`, whose current
     /// log-probs are `lp`; `token_mean` picks the aggregation.
-    fn of(chunk: &[usize], mb: &[&Sample], lp: &[f32], norms: &Norms, token_mean: bool) -> Self {
+    /// With `fuse`, π_old of the corrected samples is `lp` itself and
+    /// their importance weights are taken against it.
+    fn of(
+        chunk: &[usize],
+        mb: &[&Sample],
+        lp: &[f32],
+        norms: &Norms,
+        token_mean: bool,
+        mut fuse: Option<&mut Fuse>,
+    ) -> Self {
         let mut k = TokenConsts {
             w_pg: Vec::new(),
             w_aux: Vec::new(),
@@ -499,20 +543,73 @@ impl TokenConsts {
                     k.w_pg.push((w * s.weight as f64) as f32);
                     k.w_aux.push(0.0);
                     k.adv.push(s.advantage);
-                    // Forced tokens have no behaviour log-prob: their
-                    // ratio is taken against the current policy.
-                    k.old.push(if s.forced {
-                        lp[k_all]
-                    } else {
-                        s.old_logp.get(j).copied().unwrap_or(0.0)
-                    });
                     k.off.push(if s.off_policy { 1.0 } else { 0.0 });
-                    k.tis.push(s.tis.get(j).copied().unwrap_or(1.0));
+                    match fuse.as_deref_mut().filter(|_| corrected(s)) {
+                        Some(f) => {
+                            let l = lp[k_all];
+                            k.old.push(l);
+                            let w = truncated_weight(
+                                &mut f.stats,
+                                l,
+                                s.old_logp.get(j).copied(),
+                                f.cap,
+                            );
+                            k.tis.push(w);
+                        }
+                        None => {
+                            // Forced tokens have no behaviour log-prob:
+                            // their ratio is taken against the current
+                            // policy.
+                            k.old.push(if s.forced {
+                                lp[k_all]
+                            } else {
+                                s.old_logp.get(j).copied().unwrap_or(0.0)
+                            });
+                            k.tis.push(s.tis.get(j).copied().unwrap_or(1.0));
+                        }
+                    }
                 }
                 k_all += 1;
             }
         }
         k
+    }
+}
+
+/// The behaviour correction taken inside the training pass
+/// ([`Trainer::step_corrected`]).
+struct Fuse {
+    cap: f64,
+    stats: BehaviourStats,
+}
+
+/// A policy sample whose tokens carry a behaviour log-prob to correct
+/// for (not aux, forced or off-policy expert tokens).
+fn corrected(s: &Sample) -> bool {
+    !s.aux && !s.forced && !s.off_policy && !s.old_logp.is_empty()
+}
+
+/// The truncated importance weight min(π_old / π_behaviour, `cap`) of one
+/// token whose π_old log-prob is `old`, counted in `st`; 1 where the
+/// behaviour log-prob is missing (NaN or absent).
+fn truncated_weight(st: &mut BehaviourStats, old: f32, behaviour: Option<f32>, cap: f64) -> f32 {
+    match behaviour.filter(|b| b.is_finite()) {
+        Some(b) => {
+            let d = f64::from(old - b);
+            let w = d.exp();
+            st.tokens += 1;
+            st.abs_diff_sum += d.abs();
+            st.max_abs_diff = st.max_abs_diff.max(d.abs());
+            st.ratio_sum += w;
+            if w > cap {
+                st.truncated += 1;
+            }
+            w.min(cap) as f32
+        }
+        None => {
+            st.missing += 1;
+            1.0
+        }
     }
 }
 

@@ -489,22 +489,31 @@ fn train(
         Some(e) => Some(e.settings().tis_cap),
         None => policy.rollout_bf16().then_some(BF16_TIS_CAP),
     };
-    let behaviour = match cap {
-        Some(cap) => {
-            let t0 = Instant::now();
-            let b = trainer.behaviour_correction(policy, &mut samples, cap)?;
-            timings.add(Phase::Train, t0.elapsed().as_secs_f64());
-            Some(b)
-        }
-        None => None,
-    };
-    // After the behaviour correction: the other ranks train on the same
-    // corrected samples (their share of the micro-batches).
-    if let Some(r) = ranks {
-        r.train(step, &samples)?;
-    }
     let mut trng = seed::rng(exp.seed, &[seed::label("train"), step as u64]);
-    let tstats = trainer.step(policy, &samples, step, &mut trng)?;
+    let (tstats, behaviour) = match (cap, ranks) {
+        // One rank: the trainer corrects inside its own pass where it can.
+        (Some(cap), None) => {
+            let (st, b) = trainer.step_corrected(policy, &mut samples, step, &mut trng, cap)?;
+            (st, Some(b))
+        }
+        (cap, ranks) => {
+            let behaviour = match cap {
+                Some(cap) => {
+                    let t0 = Instant::now();
+                    let b = trainer.behaviour_correction(policy, &mut samples, cap)?;
+                    timings.add(Phase::Train, t0.elapsed().as_secs_f64());
+                    Some(b)
+                }
+                None => None,
+            };
+            // After the behaviour correction: the other ranks train on the
+            // same corrected samples (their share of the micro-batches).
+            if let Some(r) = ranks {
+                r.train(step, &samples)?;
+            }
+            (trainer.step(policy, &samples, step, &mut trng)?, behaviour)
+        }
+    };
     timings.add(Phase::Train, tstats.seconds);
     // A NaN or inf loss or gradient has already reached the weights: stop
     // before anything of this step is logged or checkpointed, so the last

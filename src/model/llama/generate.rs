@@ -12,6 +12,7 @@ use super::block::AttnMask;
 use super::cache::{self, LayerCache};
 use super::{Policy, Weights};
 use crate::model::error::{ModelError, Result};
+use crate::model::kernels::LARGE_MODEL_ELEMS;
 use crate::model::sampler::{Prepared, Sampler};
 use crate::model::trie::TokenTrie;
 
@@ -194,11 +195,21 @@ impl Policy {
         p_len: usize,
         capacity: usize,
     ) -> Result<(Vec<LayerCache>, Tensor)> {
-        let lens: Vec<usize> = active.iter().map(|&i| prompts[i].len()).collect();
+        // Equal prompts (a group's rollouts of one task start from the same
+        // prompt) are prefilled once; their rows are copied afterwards. Not
+        // in small models, whose products round by batch shape: there the
+        // saving is nil and the built-in tiny model's runs stay
+        // bit-identical.
+        let (distinct, rows) = if self.product_elems() >= LARGE_MODEL_ELEMS {
+            distinct_prompts(prompts, active)
+        } else {
+            (active.to_vec(), (0..active.len()).collect())
+        };
+        let lens: Vec<usize> = distinct.iter().map(|&i| prompts[i].len()).collect();
         let mut caches: Vec<Vec<LayerCache>> = Vec::new();
         let mut logits_parts = Vec::new();
         for chunk in self.plan_chunks(&lens) {
-            let chunk_prompts: Vec<&[u32]> = active[chunk]
+            let chunk_prompts: Vec<&[u32]> = distinct[chunk]
                 .iter()
                 .map(|&i| prompts[i].as_slice())
                 .collect();
@@ -206,8 +217,18 @@ impl Policy {
             caches.push(c);
             logits_parts.push(l);
         }
-        let cache = cache::concat(caches, self.cfg.num_hidden_layers)?;
-        Ok((cache, Tensor::cat(&logits_parts, 0)?))
+        let mut cache = cache::concat(caches, self.cfg.num_hidden_layers)?;
+        let mut logits = Tensor::cat(&logits_parts, 0)?;
+        if distinct.len() < active.len() {
+            cache::compact(&mut cache, &rows, &self.device)?;
+            let idx = Tensor::from_vec(
+                rows.iter().map(|&r| r as u32).collect::<Vec<_>>(),
+                rows.len(),
+                &self.device,
+            )?;
+            logits = logits.index_select(&idx, 0)?;
+        }
+        Ok((cache, logits))
     }
 
     /// One decode step for every active sequence: feeds each row's `last`
@@ -369,4 +390,21 @@ fn sample_step(
         }
     }
     Ok(keep)
+}
+
+/// The entries of `active` whose prompt no earlier entry has (in order),
+/// and for each entry of `active` the index of its prompt in that list.
+pub(super) fn distinct_prompts(prompts: &[Vec<u32>], active: &[usize]) -> (Vec<usize>, Vec<usize>) {
+    let mut first: std::collections::HashMap<&[u32], usize> = std::collections::HashMap::new();
+    let mut distinct = Vec::new();
+    let rows = active
+        .iter()
+        .map(|&i| {
+            *first.entry(prompts[i].as_slice()).or_insert_with(|| {
+                distinct.push(i);
+                distinct.len() - 1
+            })
+        })
+        .collect();
+    (distinct, rows)
 }

@@ -272,3 +272,43 @@ fn generation_ends_where_the_stop_check_says_so() {
         .unwrap();
     assert!(none.iter().all(|g| g.tokens.is_empty() && !g.finished));
 }
+
+#[test]
+fn equal_prompts_are_prefilled_once_and_decode_as_if_alone() {
+    // Large enough (≥ 16M product weights) to take the shared prefill.
+    let cfg = ModelConfig {
+        hidden_size: 512,
+        intermediate_size: 2048,
+        num_hidden_layers: 5,
+        num_attention_heads: 8,
+        num_key_value_heads: 4,
+        initializer_range: 0.05,
+        ..tiny_cfg(true)
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    let p = Policy::new_random(&cfg, &mut rng, &Device::Cpu).unwrap();
+    assert!(p.product_elems() >= crate::model::kernels::LARGE_MODEL_ELEMS);
+    let base = prompts_of(&[7, 4, 9], 21);
+    let prompts = vec![
+        base[0].clone(),
+        base[1].clone(),
+        base[0].clone(),
+        base[2].clone(),
+        base[0].clone(),
+        base[1].clone(),
+    ];
+    let (distinct, rows) = super::super::generate::distinct_prompts(&prompts, &[3, 0, 2, 4, 1, 5]);
+    assert_eq!(distinct, vec![3, 0, 1]);
+    assert_eq!(rows, vec![0, 1, 1, 1, 2, 2]);
+    let o = opts(5, 1.0, 1.0, true);
+    let batched = p.generate(&prompts, &o, None, &mut rng).unwrap();
+    for (pr, g) in prompts.iter().zip(&batched) {
+        let alone = p
+            .generate(std::slice::from_ref(pr), &o, None, &mut rng)
+            .unwrap();
+        assert_eq!(alone[0].tokens, g.tokens);
+        assert_eq!(g.tokens.len(), 5);
+        let a: Vec<f64> = alone[0].logprobs.iter().map(|&x| x as f64).collect();
+        assert_close(&g.logprobs, &a, 1e-4, "alone vs shared prefill");
+    }
+}
