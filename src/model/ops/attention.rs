@@ -19,6 +19,7 @@ use candle_core::{CpuStorage, CustomOp3, Device, Layout, Shape, Storage, Tensor}
 use rayon::prelude::*;
 
 use super::blas::{blas, Blas};
+use super::expf::exp_in_place;
 use super::{f32_data, f32_slice, fused};
 use crate::model::error::Result;
 
@@ -477,11 +478,12 @@ impl Attention {
                         let l = lse[row0 + i];
                         for (j, x) in row.iter_mut().enumerate() {
                             *x = if blk.sees(i, j) {
-                                (*x * self.scale - l).exp()
+                                *x * self.scale - l
                             } else {
-                                0.0
+                                f32::NEG_INFINITY
                             };
                         }
+                        exp_in_place(row);
                     }
                     // dV += Pᵀ dO.
                     blk.accumulate(dvu, hd, |dvb| {
@@ -545,12 +547,12 @@ fn softmax_row(row: &mut [f32], lo: usize, hi: usize, scale: f32) -> f32 {
     let mx = row[lo..=hi]
         .iter()
         .fold(f32::NEG_INFINITY, |a, &x| a.max(x));
-    let mut sum = 0f32;
-    for x in &mut row[lo..=hi] {
-        let e = ((*x - mx) * scale).exp();
-        *x = e;
-        sum += e;
+    let span = &mut row[lo..=hi];
+    for x in span.iter_mut() {
+        *x = (*x - mx) * scale;
     }
+    exp_in_place(span);
+    let sum = span.iter().fold(0f32, |s, &e| s + e);
     let inv = 1.0 / sum;
     for x in &mut row[lo..=hi] {
         *x *= inv;

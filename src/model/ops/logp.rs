@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use candle_core::{Shape, Tensor, D};
 
+use super::expf::exp_in_place;
 use super::{fused, par_rows, Fused1, Fused2, Input, Kernel1, Kernel2};
 use crate::model::error::{ModelError, Result};
 
@@ -64,11 +65,13 @@ pub(crate) fn logp_entropy_composite(
 /// `sum p * (z - max)`, with `z = scale * logits`.
 fn row_stats(row: &[f32], scale: f32) -> (f32, f64, f64) {
     let m = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v * scale));
+    let mut e: Vec<f32> = row.iter().map(|&v| v * scale - m).collect();
+    exp_in_place(&mut e);
     let mut sum = 0f64;
     let mut wsum = 0f64;
-    for &v in row {
+    for (&v, &e) in row.iter().zip(&e) {
         let d = v * scale - m;
-        let e = d.exp() as f64;
+        let e = e as f64;
         sum += e;
         wsum += e * d as f64;
     }
@@ -151,9 +154,14 @@ impl Kernel2 for LogpEntropyBwd {
             let row = &x[r * v..(r + 1) * v];
             let st = &gp[r * 5..r * 5 + 5];
             let (g_lp, g_h, h, m, lse) = (st[0], st[1], st[2], st[3], st[4]);
+            // o holds p until the gradient overwrites it.
+            for (ov, &xv) in o.iter_mut().zip(row) {
+                *ov = xv * scale - m - lse;
+            }
+            exp_in_place(o);
             for (ov, &xv) in o.iter_mut().zip(row) {
                 let logp = xv * scale - m - lse;
-                let p = logp.exp();
+                let p = *ov;
                 *ov = scale * (-g_lp * p - g_h * p * (logp + h));
             }
             o[targets[r] as usize] += scale * g_lp;

@@ -23,6 +23,7 @@ use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Layout, Shape, Tensor
 mod attention;
 mod blas;
 mod bmm;
+mod expf;
 mod linear;
 mod logp;
 mod norm;

@@ -3,6 +3,7 @@
 
 use candle_core::{DType, Shape, Tensor, D};
 
+use super::expf::exp_in_place;
 use super::{fused, par_rows, Fused1, Fused2, Input, Kernel1, Kernel2};
 use crate::model::error::Result;
 
@@ -63,12 +64,11 @@ impl Kernel1 for CausalSoftmax {
             let xr = &x[r * s..(r + 1) * s];
             let vis = (r % q_len) + s - q_len + 1;
             let m = xr[..vis].iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-            let mut sum = 0f32;
             for (o, &v) in row[..vis].iter_mut().zip(&xr[..vis]) {
-                let e = ((v - m) * scale).exp();
-                *o = e;
-                sum += e;
+                *o = (v - m) * scale;
             }
+            exp_in_place(&mut row[..vis]);
+            let sum = row[..vis].iter().fold(0f32, |s, &e| s + e);
             let inv = 1.0 / sum;
             for o in &mut row[..vis] {
                 *o *= inv;

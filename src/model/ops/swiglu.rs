@@ -2,6 +2,7 @@
 
 use candle_core::{Shape, Tensor, D};
 
+use super::expf::exp_in_place;
 use super::{fused, par_rows, Fused1, Fused2, Input, Kernel1, Kernel2};
 use crate::model::error::Result;
 
@@ -35,8 +36,12 @@ impl Kernel1 for SwiGlu {
         let mut out = vec![0f32; x.len() / 2];
         par_rows(&mut out, i, |r, row| {
             let (g, u) = x[r * two_i..(r + 1) * two_i].split_at(i);
+            for (o, &gv) in row.iter_mut().zip(g) {
+                *o = -gv;
+            }
+            exp_in_place(row);
             for ((o, &gv), &uv) in row.iter_mut().zip(g).zip(u) {
-                *o = gv / (1.0 + (-gv).exp()) * uv;
+                *o = gv / (1.0 + *o) * uv;
             }
         });
         if let Some(last) = dims.last_mut() {
@@ -77,8 +82,13 @@ impl Kernel2 for SwiGluBwd {
             let (g, u) = x[r * two_i..(r + 1) * two_i].split_at(i);
             let gor = &go[r * i..(r + 1) * i];
             let (dg, du) = row.split_at_mut(i);
+            // dg holds exp(−g) until its own gradient overwrites it.
+            for (e, &gv) in dg.iter_mut().zip(g) {
+                *e = -gv;
+            }
+            exp_in_place(dg);
             for j in 0..i {
-                let sig = 1.0 / (1.0 + (-g[j]).exp());
+                let sig = 1.0 / (1.0 + dg[j]);
                 let silu = g[j] * sig;
                 dg[j] = gor[j] * u[j] * sig * (1.0 + g[j] * (1.0 - sig));
                 du[j] = gor[j] * silu;
