@@ -9,9 +9,11 @@
 //! 1.5 · 2⁵² shift trick, r = x · 32 / ln 2 − k by a fused multiply-subtract,
 //! 2^(k/32) from a 32-entry table with k's upper bits added to the
 //! exponent, a cubic in r with the same three fused multiply-adds, and one
-//! rounding to f32. On AVX-512 eight lanes run as one vector; lanes with
-//! |x| ≥ 88 or NaN (over- and underflow, ±inf) take the scalar call, as
-//! glibc's own slow path does. Whether the vector path reproduces this
+//! rounding to f32. On AVX-512 eight lanes run as one vector (the table
+//! read by two permutes); on AVX2 with FMA (AMD Zen 1–3, older Intel) as
+//! two vectors of four (the table read by a gather). Lanes with |x| ≥ 88
+//! or NaN (over- and underflow, ±inf) take the scalar call, as glibc's own
+//! slow path does. Whether the vector path reproduces this
 //! machine's `f32::exp` is checked once at first use on 4,096 probes across
 //! the range (another libm, or glibc without FMA, rounds otherwise): where it
 //! does not, every call takes the scalar loop.
@@ -67,10 +69,11 @@ const TABLE: [u64; 32] = [
 /// `xs[i] = xs[i].exp()` for every element, the same bits as `f32::exp`.
 pub(crate) fn exp_in_place(xs: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if vector_path() {
-        // SAFETY: `vector_path` checked AVX-512F at run time.
-        unsafe { x86::exp_avx512(xs) };
-        return;
+    match vector_path() {
+        // SAFETY: `vector_path` checked the features at run time.
+        Some(Isa::Avx512) => return unsafe { x86::exp_avx512(xs) },
+        Some(Isa::Avx2) => return unsafe { x86::exp_avx2(xs) },
+        None => {}
     }
     for x in xs {
         *x = x.exp();
@@ -98,22 +101,43 @@ fn exp_scalar(x: f32) -> f32 {
     (y * s) as f32
 }
 
-/// AVX-512F present and the vector path equal to `f32::exp` on the probes.
+/// The vector instruction sets with a path here.
 #[cfg(target_arch = "x86_64")]
-fn vector_path() -> bool {
-    static OK: OnceLock<bool> = OnceLock::new();
-    *OK.get_or_init(|| {
-        if !std::arch::is_x86_feature_detected!("avx512f") {
-            return false;
-        }
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Isa {
+    Avx512,
+    Avx2,
+}
+
+/// The widest path this CPU has whose results equal `f32::exp` on the
+/// probes, or `None` (the scalar loop).
+#[cfg(target_arch = "x86_64")]
+fn vector_path() -> Option<Isa> {
+    static ISA: OnceLock<Option<Isa>> = OnceLock::new();
+    *ISA.get_or_init(|| {
         let probes = probes();
-        let mut v = probes.clone();
-        // SAFETY: AVX-512F checked above.
-        unsafe { x86::exp_avx512(&mut v) };
-        probes
-            .iter()
-            .zip(&v)
-            .all(|(x, y)| x.exp().to_bits() == y.to_bits())
+        let agrees = |isa: Isa| {
+            let mut v = probes.clone();
+            // SAFETY: only called after the features were detected below.
+            match isa {
+                Isa::Avx512 => unsafe { x86::exp_avx512(&mut v) },
+                Isa::Avx2 => unsafe { x86::exp_avx2(&mut v) },
+            }
+            probes
+                .iter()
+                .zip(&v)
+                .all(|(x, y)| x.exp().to_bits() == y.to_bits())
+        };
+        if std::arch::is_x86_feature_detected!("avx512f") && agrees(Isa::Avx512) {
+            return Some(Isa::Avx512);
+        }
+        if std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+            && agrees(Isa::Avx2)
+        {
+            return Some(Isa::Avx2);
+        }
+        None
     })
 }
 
@@ -204,6 +228,62 @@ mod x86 {
             *x = x.exp();
         }
     }
+
+    /// The same algorithm on AVX2 with FMA: each eight floats as two
+    /// vectors of four doubles, the table read by a gather.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn exp_avx2(xs: &mut [f32]) {
+        let inv = _mm256_set1_pd(INV_LN2_N);
+        let shift = _mm256_set1_pd(SHIFT);
+        let (c0, c1, c2) = (_mm256_set1_pd(C0), _mm256_set1_pd(C1), _mm256_set1_pd(C2));
+        let one = _mm256_set1_pd(1.0);
+        let low5 = _mm256_set1_epi64x(31);
+        let table = TABLE.as_ptr().cast::<f64>();
+        let abs_mask = _mm256_set1_epi32(0x7fff_ffff);
+        let limit = _mm256_set1_epi32(0x42b0_0000);
+        let neg_inf = _mm256_set1_epi32(f32::NEG_INFINITY.to_bits() as i32);
+        // Four lanes: x widened to f64, the result rounded to f32.
+        let four = |x: __m128| {
+            let xd = _mm256_cvtps_pd(x);
+            let kd = _mm256_fmadd_pd(inv, xd, shift);
+            let ki = _mm256_castpd_si256(kd);
+            let kd = _mm256_sub_pd(kd, shift);
+            let r = _mm256_fmsub_pd(inv, xd, kd);
+            let tv = _mm256_i64gather_pd::<8>(table, _mm256_and_si256(ki, low5));
+            let s = _mm256_add_epi64(_mm256_castpd_si256(tv), _mm256_slli_epi64::<47>(ki));
+            let z = _mm256_fmadd_pd(r, c0, c1);
+            let r2 = _mm256_mul_pd(r, r);
+            let y = _mm256_fmadd_pd(r, c2, one);
+            let y = _mm256_fmadd_pd(z, r2, y);
+            _mm256_cvtpd_ps(_mm256_mul_pd(y, _mm256_castsi256_pd(s)))
+        };
+        let mut chunks = xs.chunks_exact_mut(8);
+        for c in &mut chunks {
+            let p = c.as_mut_ptr();
+            let x = _mm256_loadu_ps(p);
+            let bits = _mm256_castps_si256(x);
+            let abs = _mm256_and_si256(bits, abs_mask);
+            let ninf = _mm256_cmpeq_epi32(bits, neg_inf);
+            let fast = _mm256_or_si256(_mm256_cmpgt_epi32(limit, abs), ninf);
+            let slow = _mm256_movemask_epi8(fast) != -1;
+            let lo = four(_mm256_castps256_ps128(x));
+            let hi = four(_mm256_extractf128_ps::<1>(x));
+            let y = _mm256_insertf128_ps::<1>(_mm256_castps128_ps256(lo), hi);
+            let y = _mm256_andnot_ps(_mm256_castsi256_ps(ninf), y);
+            _mm256_storeu_ps(p, y);
+            if slow {
+                let orig = std::mem::transmute::<__m256, [f32; 8]>(x);
+                for (o, &v) in c.iter_mut().zip(&orig) {
+                    if (v.to_bits() & 0x7fff_ffff) >= 0x42b0_0000 && v != f32::NEG_INFINITY {
+                        *o = v.exp();
+                    }
+                }
+            }
+        }
+        for x in chunks.into_remainder() {
+            *x = x.exp();
+        }
+    }
 }
 
 #[cfg(test)]
@@ -254,12 +334,27 @@ mod tests {
             &mism[..mism.len().min(5)]
         );
         #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx512f")
+        if std::arch::is_x86_feature_detected!("avx2")
             && std::arch::is_x86_feature_detected!("fma")
         {
             // glibc's FMA build is what `f32::exp` calls on such a CPU;
             // the scalar transcription and the vector path both match it.
-            assert!(vector_path(), "the vector path was refused on this CPU");
+            let want_isa = if std::arch::is_x86_feature_detected!("avx512f") {
+                Isa::Avx512
+            } else {
+                Isa::Avx2
+            };
+            assert_eq!(vector_path(), Some(want_isa), "the vector path was refused");
+            // The AVX2 path too where AVX-512 took precedence.
+            let mut v = xs.clone();
+            // SAFETY: AVX2 and FMA detected above.
+            unsafe { x86::exp_avx2(&mut v) };
+            let avx2_mism = v
+                .iter()
+                .zip(&want)
+                .filter(|(g, &w)| g.to_bits() != w)
+                .count();
+            assert_eq!(avx2_mism, 0, "AVX2 path");
             let scalar_mism = xs
                 .iter()
                 .zip(&want)
