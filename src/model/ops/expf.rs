@@ -334,8 +334,7 @@ mod tests {
             &mism[..mism.len().min(5)]
         );
         #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma")
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
         {
             // glibc's FMA build is what `f32::exp` calls on such a CPU;
             // the scalar transcription and the vector path both match it.
