@@ -216,16 +216,21 @@ mod x86 {
             let y = _mm256_andnot_ps(_mm256_castsi256_ps(ninf), _mm512_cvtpd_ps(y));
             _mm256_storeu_ps(p, y);
             if slow {
-                let orig = std::mem::transmute::<__m256, [f32; 8]>(x);
-                for (o, &v) in c.iter_mut().zip(&orig) {
-                    if (v.to_bits() & 0x7fff_ffff) >= 0x42b0_0000 && v != f32::NEG_INFINITY {
-                        *o = v.exp();
-                    }
-                }
+                slow_lanes(c, std::mem::transmute::<__m256, [f32; 8]>(x));
             }
         }
         for x in chunks.into_remainder() {
             *x = x.exp();
+        }
+    }
+
+    /// glibc's slow path for the lanes of `orig` with |x| ≥ 88 or NaN
+    /// (not −inf, which the vector code already set to 0).
+    fn slow_lanes(out: &mut [f32], orig: [f32; 8]) {
+        for (o, &v) in out.iter_mut().zip(&orig) {
+            if (v.to_bits() & 0x7fff_ffff) >= 0x42b0_0000 && v != f32::NEG_INFINITY {
+                *o = v.exp();
+            }
         }
     }
 
@@ -272,12 +277,7 @@ mod x86 {
             let y = _mm256_andnot_ps(_mm256_castsi256_ps(ninf), y);
             _mm256_storeu_ps(p, y);
             if slow {
-                let orig = std::mem::transmute::<__m256, [f32; 8]>(x);
-                for (o, &v) in c.iter_mut().zip(&orig) {
-                    if (v.to_bits() & 0x7fff_ffff) >= 0x42b0_0000 && v != f32::NEG_INFINITY {
-                        *o = v.exp();
-                    }
-                }
+                slow_lanes(c, std::mem::transmute::<__m256, [f32; 8]>(x));
             }
         }
         for x in chunks.into_remainder() {
