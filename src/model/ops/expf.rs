@@ -184,20 +184,11 @@ mod x86 {
         let (c0, c1, c2) = (_mm512_set1_pd(C0), _mm512_set1_pd(C1), _mm512_set1_pd(C2));
         let one = _mm512_set1_pd(1.0);
         let bit4 = _mm512_set1_epi64(16);
-        let abs_mask = _mm256_set1_epi32(0x7fff_ffff);
-        let limit = _mm256_set1_epi32(0x42b0_0000);
-        let neg_inf = _mm256_set1_epi32(f32::NEG_INFINITY.to_bits() as i32);
         let mut chunks = xs.chunks_exact_mut(8);
         for c in &mut chunks {
             let p = c.as_mut_ptr();
             let x = _mm256_loadu_ps(p);
-            // |x| ≥ 88 or NaN: glibc's slow path (bits compare as integers),
-            // except −inf (masked scores), whose exp is 0.
-            let bits = _mm256_castps_si256(x);
-            let abs = _mm256_and_si256(bits, abs_mask);
-            let ninf = _mm256_cmpeq_epi32(bits, neg_inf);
-            let fast = _mm256_or_si256(_mm256_cmpgt_epi32(limit, abs), ninf);
-            let slow = _mm256_movemask_epi8(fast) != -1;
+            let (ninf, slow) = lanes(x);
             let xd = _mm512_cvtps_pd(x);
             let kd = _mm512_fmadd_pd(inv, xd, shift);
             let ki = _mm512_castpd_si512(kd);
@@ -224,6 +215,22 @@ mod x86 {
         }
     }
 
+    /// The −inf lanes of `x` (masked scores, whose exp is 0), and whether
+    /// any lane needs glibc's slow path (|x| ≥ 88 or NaN; the bits compare
+    /// as integers).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn lanes(x: __m256) -> (__m256i, bool) {
+        let bits = _mm256_castps_si256(x);
+        let abs = _mm256_and_si256(bits, _mm256_set1_epi32(0x7fff_ffff));
+        let ninf = _mm256_cmpeq_epi32(bits, _mm256_set1_epi32(f32::NEG_INFINITY.to_bits() as i32));
+        let fast = _mm256_or_si256(
+            _mm256_cmpgt_epi32(_mm256_set1_epi32(0x42b0_0000), abs),
+            ninf,
+        );
+        (ninf, _mm256_movemask_epi8(fast) != -1)
+    }
+
     /// glibc's slow path for the lanes of `orig` with |x| ≥ 88 or NaN
     /// (not −inf, which the vector code already set to 0).
     fn slow_lanes(out: &mut [f32], orig: [f32; 8]) {
@@ -244,9 +251,6 @@ mod x86 {
         let one = _mm256_set1_pd(1.0);
         let low5 = _mm256_set1_epi64x(31);
         let table = TABLE.as_ptr().cast::<f64>();
-        let abs_mask = _mm256_set1_epi32(0x7fff_ffff);
-        let limit = _mm256_set1_epi32(0x42b0_0000);
-        let neg_inf = _mm256_set1_epi32(f32::NEG_INFINITY.to_bits() as i32);
         // Four lanes: x widened to f64, the result rounded to f32.
         let four = |x: __m128| {
             let xd = _mm256_cvtps_pd(x);
@@ -266,11 +270,7 @@ mod x86 {
         for c in &mut chunks {
             let p = c.as_mut_ptr();
             let x = _mm256_loadu_ps(p);
-            let bits = _mm256_castps_si256(x);
-            let abs = _mm256_and_si256(bits, abs_mask);
-            let ninf = _mm256_cmpeq_epi32(bits, neg_inf);
-            let fast = _mm256_or_si256(_mm256_cmpgt_epi32(limit, abs), ninf);
-            let slow = _mm256_movemask_epi8(fast) != -1;
+            let (ninf, slow) = lanes(x);
             let lo = four(_mm256_castps256_ps128(x));
             let hi = four(_mm256_extractf128_ps::<1>(x));
             let y = _mm256_insertf128_ps::<1>(_mm256_castps128_ps256(lo), hi);
