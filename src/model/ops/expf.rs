@@ -29,6 +29,9 @@ const C0: f64 = f64::from_bits(0x3ebc6af84b912394);
 const C1: f64 = f64::from_bits(0x3f2ebfce50fac4f3);
 const C2: f64 = f64::from_bits(0x3f962e42ff0c52d6);
 
+/// `|x|`'s bits from which glibc takes its slow path (|x| ≥ 88, ±inf, NaN).
+const SLOW_FROM: u32 = 0x42b0_0000;
+
 /// `bits(2^(i/32)) − (i << 47)`: adding `k << 47` restores 2^(i/32) and
 /// puts k / 32's integer part into the exponent.
 const TABLE: [u64; 32] = [
@@ -84,7 +87,7 @@ pub(crate) fn exp_in_place(xs: &mut [f32]) {
 /// path is held to; also its description).
 #[cfg(test)]
 fn exp_scalar(x: f32) -> f32 {
-    if ((x.to_bits() >> 20) & 0x7ff) >= 0x42b {
+    if (x.to_bits() & 0x7fff_ffff) >= SLOW_FROM {
         return x.exp();
     }
     let xd = f64::from(x);
@@ -170,7 +173,7 @@ fn probes() -> Vec<f32> {
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{C0, C1, C2, INV_LN2_N, SHIFT, TABLE};
+    use super::{C0, C1, C2, INV_LN2_N, SHIFT, SLOW_FROM, TABLE};
     use std::arch::x86_64::*;
 
     /// Eight lanes at a time; the tail and any lane with |x| ≥ 88 or NaN
@@ -225,7 +228,7 @@ mod x86 {
         let abs = _mm256_and_si256(bits, _mm256_set1_epi32(0x7fff_ffff));
         let ninf = _mm256_cmpeq_epi32(bits, _mm256_set1_epi32(f32::NEG_INFINITY.to_bits() as i32));
         let fast = _mm256_or_si256(
-            _mm256_cmpgt_epi32(_mm256_set1_epi32(0x42b0_0000), abs),
+            _mm256_cmpgt_epi32(_mm256_set1_epi32(SLOW_FROM as i32), abs),
             ninf,
         );
         (ninf, _mm256_movemask_epi8(fast) != -1)
@@ -235,7 +238,7 @@ mod x86 {
     /// (not −inf, which the vector code already set to 0).
     fn slow_lanes(out: &mut [f32], orig: [f32; 8]) {
         for (o, &v) in out.iter_mut().zip(&orig) {
-            if (v.to_bits() & 0x7fff_ffff) >= 0x42b0_0000 && v != f32::NEG_INFINITY {
+            if (v.to_bits() & 0x7fff_ffff) >= SLOW_FROM && v != f32::NEG_INFINITY {
                 *o = v.exp();
             }
         }
