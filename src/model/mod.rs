@@ -78,8 +78,8 @@ pub use llama::{
 };
 pub use lora::{LoraConfig, Proj};
 pub use ops::{
-    cpu_has_amx_bf16, fused_attention_available, matmul_backend, mixed_precision_available,
-    packed_f32_rollout_bytes, packed_rollout_bytes,
+    cpu_has_amx_bf16, decode_kernel, fused_attention_available, matmul_backend,
+    mixed_precision_available, packed_f32_rollout_bytes, packed_rollout_bytes,
 };
 pub use precision::Precision;
 pub use source::ModelSource;

@@ -418,7 +418,8 @@ fn cpu_matmul_line(policy: &crate::model::Policy) -> String {
     let copies = crate::model::memory::Footprint::of(policy).rollout_copies;
     if copies > 0 && !policy.rollout_bf16() {
         line += &format!(
-            "; generation on packed f32 weights (AVX-512 decode kernel; rollout copies {:.0} MB)",
+            "; generation on packed f32 weights ({} decode kernel; rollout copies {:.0} MB)",
+            crate::model::decode_kernel().unwrap_or("portable"),
             copies as f64 / 1048576.0
         );
     }

@@ -41,7 +41,8 @@ pub(crate) use linear::{
     mixed_linear, FrozenBf16, PackedWeights,
 };
 pub use linear::{
-    cpu_has_amx_bf16, mixed_precision_available, packed_f32_rollout_bytes, packed_rollout_bytes,
+    cpu_has_amx_bf16, decode_kernel, mixed_precision_available, packed_f32_rollout_bytes,
+    packed_rollout_bytes,
 };
 pub(crate) use logp::logp_entropy;
 pub(crate) use norm::rms_norm;

@@ -14,14 +14,17 @@
 //! floats (row `b` of the block at `b × 16` in each chunk), `k` padded to a
 //! multiple of 16 and the rows to a multiple of [`NR`] with zeros.
 //!
-//! Generation uses it for every product, prefill included: cut into tiles
-//! of [`ROWS`] input rows, the same kernel is also faster than the general
-//! gemms on compute-bound products there.
+//! With AVX-512, generation uses it for every product, prefill included:
+//! cut into tiles of [`ROWS`] input rows, the same kernel is also faster
+//! than the general gemms on compute-bound products there. With AVX2 only
+//! (16 registers, too few accumulators for compute-bound tiles) it takes
+//! decode-sized products alone.
 //!
-//! The kernel computes [`NR`] outputs of up to [`MR`] rows at a time as
-//! 16-lane dot products (AVX-512 FMAs, then one horizontal sum per output),
-//! so each output's sum runs in a fixed order whatever the thread count:
-//! results are deterministic. Threads split the weight's row blocks.
+//! The kernel computes [`NR`] outputs of up to [`MR`] rows (3 with AVX2) at
+//! a time as 16-lane dot products (AVX-512 FMAs, or two 8-lane AVX2 FMAs
+//! into one accumulator, then one horizontal sum per output), so each
+//! output's sum runs in a fixed order whatever the thread count: results
+//! are deterministic. Threads split the weight's row blocks.
 
 use rayon::prelude::*;
 
@@ -49,17 +52,41 @@ pub(crate) struct PackedF32 {
     data: Vec<f32>,
 }
 
-/// Whether this CPU runs the kernel (x86-64 with AVX-512 F and VL).
-pub(crate) fn available() -> bool {
+/// The vector kernel this CPU runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Isa {
+    /// AVX-512 F and VL: 16-lane FMAs, 32 registers.
+    Avx512,
+    /// AVX2 and FMA: 8-lane FMAs, 16 registers (AMD Zen CPUs whose
+    /// AVX-512 is absent or hidden, Intel client and older server CPUs).
+    Avx2,
+}
+
+/// The kernel this CPU runs, if any (x86-64 with AVX-512 F and VL, else
+/// AVX2 and FMA).
+pub(crate) fn isa() -> Option<Isa> {
     #[cfg(target_arch = "x86_64")]
     {
-        std::arch::is_x86_feature_detected!("avx512f")
+        if std::arch::is_x86_feature_detected!("avx512f")
             && std::arch::is_x86_feature_detected!("avx512vl")
+        {
+            return Some(Isa::Avx512);
+        }
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            return Some(Isa::Avx2);
+        }
+        None
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        false
+        None
     }
+}
+
+/// Whether this CPU runs one of the vector kernels.
+pub(crate) fn available() -> bool {
+    isa().is_some()
 }
 
 /// Bytes a packed copy of an `(n, k)` weight holds.
@@ -162,13 +189,33 @@ impl PackedF32 {
     /// `y` points to `m × n` writable floats not written by anyone else
     /// in these blocks' columns meanwhile.
     unsafe fn blocks(&self, x: &[f32], m: usize, b0: usize, b1: usize, y: *mut f32) {
-        #[cfg(target_arch = "x86_64")]
-        if available() {
-            // SAFETY: the CPU has AVX-512 F and VL (checked above).
-            return unsafe { avx512::blocks(self, x, m, b0, b1, y) };
-        }
         // SAFETY: as for this function.
-        unsafe { self.blocks_portable(x, m, b0, b1, y) }
+        unsafe { self.blocks_on(isa(), x, m, b0, b1, y) }
+    }
+
+    /// [`PackedF32::blocks`] on a given kernel (`None`: the portable loop).
+    ///
+    /// # Safety
+    /// As for [`PackedF32::blocks`], and the CPU has `isa`'s features.
+    unsafe fn blocks_on(
+        &self,
+        isa: Option<Isa>,
+        x: &[f32],
+        m: usize,
+        b0: usize,
+        b1: usize,
+        y: *mut f32,
+    ) {
+        match isa {
+            // SAFETY: the caller checked the CPU's features.
+            #[cfg(target_arch = "x86_64")]
+            Some(Isa::Avx512) => unsafe { avx512::blocks(self, x, m, b0, b1, y) },
+            // SAFETY: as above.
+            #[cfg(target_arch = "x86_64")]
+            Some(Isa::Avx2) => unsafe { avx2::blocks(self, x, m, b0, b1, y) },
+            // SAFETY: as for this function.
+            _ => unsafe { self.blocks_portable(x, m, b0, b1, y) },
+        }
     }
 
     /// [`PackedF32::blocks`] without SIMD, summing in the kernel's order
@@ -312,6 +359,129 @@ mod avx512 {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::{PackedF32, L, NR};
+    use std::arch::x86_64::*;
+
+    /// Lanes per AVX2 vector: each 16-float chunk of the packed layout is
+    /// two vectors.
+    const H: usize = 8;
+    /// Input rows per kernel call: `MR × NR` accumulators, `MR` inputs and
+    /// one weight vector fill the 16 vector registers.
+    const MR: usize = 3;
+    /// As in the AVX-512 kernel: prefetch 16 KB ahead of the stream.
+    const PREFETCH: usize = 4096;
+
+    /// See [`PackedF32::blocks`].
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn blocks(
+        p: &PackedF32,
+        x: &[f32],
+        m: usize,
+        b0: usize,
+        b1: usize,
+        y: *mut f32,
+    ) {
+        let (n, k, kp) = (p.n, p.k, p.kp);
+        for blk in b0..b1 {
+            let wp = p.data.as_ptr().add(blk * NR * kp);
+            let nr = NR.min(n - blk * NR);
+            let mut r = 0;
+            while r < m {
+                let mr = MR.min(m - r);
+                let xp = x.as_ptr().add(r * k);
+                let yp = y.add(r * n + blk * NR);
+                match mr {
+                    1 => block::<1>(k, xp, wp, yp, n, nr),
+                    2 => block::<2>(k, xp, wp, yp, n, nr),
+                    _ => block::<3>(k, xp, wp, yp, n, nr),
+                }
+                r += mr;
+            }
+        }
+    }
+
+    /// `R` input rows at `xp` (stride `k`) against one packed block at
+    /// `wp`, into the first `nr` of its [`NR`] columns at `yp` (stride `n`).
+    /// Each output sums its products in one 8-lane accumulator (both halves
+    /// of every 16-float chunk), then across the lanes.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn block<const R: usize>(
+        k: usize,
+        xp: *const f32,
+        wp: *const f32,
+        yp: *mut f32,
+        n: usize,
+        nr: usize,
+    ) {
+        let full = k / L;
+        let mut acc = [[_mm256_setzero_ps(); NR]; R];
+        for c in 0..full {
+            let w = wp.add(c * NR * L);
+            let ahead = w.add(PREFETCH) as *const i8;
+            _mm_prefetch::<_MM_HINT_T0>(ahead);
+            _mm_prefetch::<_MM_HINT_T0>(ahead.add(64));
+            _mm_prefetch::<_MM_HINT_T0>(ahead.add(128));
+            _mm_prefetch::<_MM_HINT_T0>(ahead.add(192));
+            for h in 0..2 {
+                let mut xv = [_mm256_setzero_ps(); R];
+                for (a, xv) in xv.iter_mut().enumerate() {
+                    *xv = _mm256_loadu_ps(xp.add(a * k + c * L + h * H));
+                }
+                half(&mut acc, w.add(h * H), &xv);
+            }
+        }
+        let tail = k - full * L;
+        if tail > 0 {
+            // The packed weight is zero-padded; only x needs a mask.
+            let w = wp.add(full * NR * L);
+            for h in 0..2 {
+                let lanes = tail.saturating_sub(h * H).min(H) as i32;
+                if lanes == 0 {
+                    break;
+                }
+                let idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+                let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(lanes), idx);
+                let mut xv = [_mm256_setzero_ps(); R];
+                for (a, xv) in xv.iter_mut().enumerate() {
+                    *xv = _mm256_maskload_ps(xp.add(a * k + full * L + h * H), mask);
+                }
+                half(&mut acc, w.add(h * H), &xv);
+            }
+        }
+        for (a, acc) in acc.iter().enumerate() {
+            for (b, acc) in acc.iter().enumerate().take(nr) {
+                *yp.add(a * n + b) = sum8(*acc);
+            }
+        }
+    }
+
+    /// One 8-lane half of a chunk: the block's [`NR`] weight rows at `w`
+    /// (stride 16) against the `R` inputs `xv`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn half<const R: usize>(acc: &mut [[__m256; NR]; R], w: *const f32, xv: &[__m256; R]) {
+        for b in 0..NR {
+            let wv = _mm256_loadu_ps(w.add(b * L));
+            for a in 0..R {
+                acc[a][b] = _mm256_fmadd_ps(xv[a], wv, acc[a][b]);
+            }
+        }
+    }
+
+    /// The sum of a vector's 8 lanes.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn sum8(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_shuffle_ps::<1>(s, s));
+        _mm_cvtss_f32(s)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -329,13 +499,36 @@ mod tests {
         y
     }
 
-    /// Every row count of the kernel's dispatch (1 to 6, and several
+    /// The kernels this CPU runs, the portable loop last.
+    fn kernels() -> Vec<(&'static str, Option<Isa>)> {
+        let mut ks = Vec::new();
+        if isa() == Some(Isa::Avx512) {
+            ks.push(("avx512", Some(Isa::Avx512)));
+        }
+        if isa().is_some() {
+            // Every CPU with AVX-512 F has AVX2 and FMA too.
+            ks.push(("avx2", Some(Isa::Avx2)));
+        }
+        ks.push(("portable", None));
+        ks
+    }
+
+    /// Every row count of the kernels' dispatch (1 to 6, and several
     /// passes), widths off the block size and depths off the vector width,
-    /// on the AVX-512 kernel (where the CPU has it) and the portable loop.
+    /// on each vector kernel the CPU runs (AVX-512, AVX2) and the portable
+    /// loop.
     #[test]
     fn packed_products_match_the_reference() {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
-        for (n, k) in [(1, 1), (7, 16), (13, 100), (64, 576), (130, 33)] {
+        for (n, k) in [
+            (1, 1),
+            (7, 16),
+            (5, 24),
+            (9, 44),
+            (13, 100),
+            (64, 576),
+            (130, 33),
+        ] {
             let w: Vec<f32> = (0..n * k).map(|_| rng.random_range(-1.0..1.0)).collect();
             let p = PackedF32::pack(&w, n, k, None);
             assert_eq!(p.bytes(), packed_bytes(n, k));
@@ -343,10 +536,15 @@ mod tests {
                 let x: Vec<f32> = (0..m * k).map(|_| rng.random_range(-1.0..1.0)).collect();
                 let want = reference(&x, &w, m, n, k);
                 let got = p.matmul(&x, m);
-                let mut portable = vec![0f32; m * n];
-                // SAFETY: portable is m × n, written by this call alone.
-                unsafe { p.blocks_portable(&x, m, 0, n.div_ceil(NR), portable.as_mut_ptr()) };
-                for (name, y) in [("kernel", &got), ("portable", &portable)] {
+                let mut outs = vec![("kernel", got)];
+                for (name, isa) in kernels() {
+                    let mut y = vec![0f32; m * n];
+                    // SAFETY: y is m × n, written by this call alone;
+                    // `kernels` lists only what this CPU runs.
+                    unsafe { p.blocks_on(isa, &x, m, 0, n.div_ceil(NR), y.as_mut_ptr()) };
+                    outs.push((name, y));
+                }
+                for (name, y) in &outs {
                     let d = y
                         .iter()
                         .zip(&want)

@@ -271,7 +271,7 @@ fn f32_rollout_packs_track_the_policy() {
     assert!(gap(&p, 1) < 1e-4);
     if !crate::model::ops::f32_rollout_packs() {
         assert!(p.rollout_packed_bytes().is_none());
-        println!("SKIPPED: no decode kernel on this CPU (AVX-512)");
+        println!("SKIPPED: no decode kernel on this CPU (AVX-512 or AVX2 with FMA)");
         return;
     }
     // Every matrix (projections, gate and up, the tied head) is packed
