@@ -465,8 +465,8 @@ mod avx2 {
     unsafe fn half<const R: usize>(acc: &mut [[__m256; NR]; R], w: *const f32, xv: &[__m256; R]) {
         for b in 0..NR {
             let wv = _mm256_loadu_ps(w.add(b * L));
-            for a in 0..R {
-                acc[a][b] = _mm256_fmadd_ps(xv[a], wv, acc[a][b]);
+            for (acc, xv) in acc.iter_mut().zip(xv) {
+                acc[b] = _mm256_fmadd_ps(*xv, wv, acc[b]);
             }
         }
     }
