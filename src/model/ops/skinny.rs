@@ -206,15 +206,29 @@ impl PackedF32 {
         b1: usize,
         y: *mut f32,
     ) {
-        match isa {
-            // SAFETY: the caller checked the CPU's features.
+        let (mr, rows): (usize, Rows) = match isa {
             #[cfg(target_arch = "x86_64")]
-            Some(Isa::Avx512) => unsafe { avx512::blocks(self, x, m, b0, b1, y) },
-            // SAFETY: as above.
+            Some(Isa::Avx512) => (MR, avx512::rows),
             #[cfg(target_arch = "x86_64")]
-            Some(Isa::Avx2) => unsafe { avx2::blocks(self, x, m, b0, b1, y) },
+            Some(Isa::Avx2) => (avx2::MR, avx2::rows),
             // SAFETY: as for this function.
-            _ => unsafe { self.blocks_portable(x, m, b0, b1, y) },
+            _ => return unsafe { self.blocks_portable(x, m, b0, b1, y) },
+        };
+        let (n, k, kp) = (self.n, self.k, self.kp);
+        for blk in b0..b1 {
+            // SAFETY: blocks b0..b1 and rows 0..m lie inside the packed
+            // data, `x` and `y`; the caller checked the CPU's features.
+            unsafe {
+                let wp = self.data.as_ptr().add(blk * NR * kp);
+                let nr = NR.min(n - blk * NR);
+                let mut r = 0;
+                while r < m {
+                    let take = mr.min(m - r);
+                    let yp = y.add(r * n + blk * NR);
+                    rows(take, k, x.as_ptr().add(r * k), wp, yp, n, nr);
+                    r += take;
+                }
+            }
         }
     }
 
@@ -241,6 +255,11 @@ impl PackedF32 {
     }
 }
 
+/// A vector kernel's call: `r` input rows at `xp` (stride `k`) against
+/// one packed block at `wp`, into the first `nr` of its [`NR`] columns at
+/// `yp` (stride `n`).
+type Rows = unsafe fn(usize, usize, *const f32, *const f32, *mut f32, usize, usize);
+
 /// The output pointer, shared by the tasks of [`PackedF32::matmul`].
 struct OutPtr(*mut f32);
 // SAFETY: each task writes only its own columns (see `PackedF32::matmul`).
@@ -248,7 +267,7 @@ unsafe impl Sync for OutPtr {}
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{PackedF32, L, MR, NR};
+    use super::{L, NR};
     use std::arch::x86_64::*;
 
     /// Floats ahead of the current chunk that each step prefetches: the
@@ -257,35 +276,25 @@ mod avx512 {
     /// 7.7 without).
     const PREFETCH: usize = 4096;
 
-    /// See [`PackedF32::blocks`].
+    /// Up to [`super::MR`] input rows against one packed block (a
+    /// [`super::Rows`]).
     #[target_feature(enable = "avx512f,avx512vl")]
-    pub(super) unsafe fn blocks(
-        p: &PackedF32,
-        x: &[f32],
-        m: usize,
-        b0: usize,
-        b1: usize,
-        y: *mut f32,
+    pub(super) unsafe fn rows(
+        r: usize,
+        k: usize,
+        xp: *const f32,
+        wp: *const f32,
+        yp: *mut f32,
+        n: usize,
+        nr: usize,
     ) {
-        let (n, k, kp) = (p.n, p.k, p.kp);
-        for blk in b0..b1 {
-            let wp = p.data.as_ptr().add(blk * NR * kp);
-            let nr = NR.min(n - blk * NR);
-            let mut r = 0;
-            while r < m {
-                let mr = MR.min(m - r);
-                let xp = x.as_ptr().add(r * k);
-                let yp = y.add(r * n + blk * NR);
-                match mr {
-                    1 => block::<1>(k, xp, wp, yp, n, nr),
-                    2 => block::<2>(k, xp, wp, yp, n, nr),
-                    3 => block::<3>(k, xp, wp, yp, n, nr),
-                    4 => block::<4>(k, xp, wp, yp, n, nr),
-                    5 => block::<5>(k, xp, wp, yp, n, nr),
-                    _ => block::<6>(k, xp, wp, yp, n, nr),
-                }
-                r += mr;
-            }
+        match r {
+            1 => block::<1>(k, xp, wp, yp, n, nr),
+            2 => block::<2>(k, xp, wp, yp, n, nr),
+            3 => block::<3>(k, xp, wp, yp, n, nr),
+            4 => block::<4>(k, xp, wp, yp, n, nr),
+            5 => block::<5>(k, xp, wp, yp, n, nr),
+            _ => block::<6>(k, xp, wp, yp, n, nr),
         }
     }
 
@@ -361,7 +370,7 @@ mod avx512 {
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{PackedF32, L, NR};
+    use super::{L, NR};
     use std::arch::x86_64::*;
 
     /// Lanes per AVX2 vector: each 16-float chunk of the packed layout is
@@ -369,36 +378,25 @@ mod avx2 {
     const H: usize = 8;
     /// Input rows per kernel call: `MR × NR` accumulators, `MR` inputs and
     /// one weight vector fill the 16 vector registers.
-    const MR: usize = 3;
+    pub(super) const MR: usize = 3;
     /// As in the AVX-512 kernel: prefetch 16 KB ahead of the stream.
     const PREFETCH: usize = 4096;
 
-    /// See [`PackedF32::blocks`].
+    /// Up to [`MR`] input rows against one packed block (a [`super::Rows`]).
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn blocks(
-        p: &PackedF32,
-        x: &[f32],
-        m: usize,
-        b0: usize,
-        b1: usize,
-        y: *mut f32,
+    pub(super) unsafe fn rows(
+        r: usize,
+        k: usize,
+        xp: *const f32,
+        wp: *const f32,
+        yp: *mut f32,
+        n: usize,
+        nr: usize,
     ) {
-        let (n, k, kp) = (p.n, p.k, p.kp);
-        for blk in b0..b1 {
-            let wp = p.data.as_ptr().add(blk * NR * kp);
-            let nr = NR.min(n - blk * NR);
-            let mut r = 0;
-            while r < m {
-                let mr = MR.min(m - r);
-                let xp = x.as_ptr().add(r * k);
-                let yp = y.add(r * n + blk * NR);
-                match mr {
-                    1 => block::<1>(k, xp, wp, yp, n, nr),
-                    2 => block::<2>(k, xp, wp, yp, n, nr),
-                    _ => block::<3>(k, xp, wp, yp, n, nr),
-                }
-                r += mr;
-            }
+        match r {
+            1 => block::<1>(k, xp, wp, yp, n, nr),
+            2 => block::<2>(k, xp, wp, yp, n, nr),
+            _ => block::<3>(k, xp, wp, yp, n, nr),
         }
     }
 
