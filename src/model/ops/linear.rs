@@ -252,8 +252,6 @@ pub(crate) fn bf16_rollouts_available() -> bool {
 /// `ACTGUIDE_PACKED_ROLLOUTS=on` packs wherever a kernel runs (AVX2 or
 /// AVX-512), `off` nowhere (saving the copies' memory, one f32 copy of
 /// every product weight).
-/// `ACTGUIDE_PACKED_ROLLOUTS=off` turns it off (saving the copies'
-/// memory, one f32 copy of every product weight).
 pub(crate) fn f32_rollout_packs() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(
