@@ -25,6 +25,10 @@ use crate::model::{ModelConfig, Policy, Precision};
 /// error).
 pub const USABLE_SHARE: f64 = 0.85;
 
+/// LM head rows (scored targets) the estimate allows per sequence of a
+/// micro-batch.
+pub const HEAD_ROWS: usize = 64;
+
 /// The estimate's parts, in bytes.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct MemoryEstimate {
@@ -98,6 +102,39 @@ pub fn train_bytes_per_token(
     per_layer * cfg.num_hidden_layers as u64 * 8 / 5
 }
 
+/// Whether `policy` trains with the fused attention (no scores kept).
+fn fused_attention(policy: &Policy) -> bool {
+    policy.device().is_cpu()
+        && policy.precision() == Precision::F32
+        && crate::model::fused_attention_available()
+}
+
+/// What a training micro-batch of `policy` keeps until its backward, in
+/// bytes: per token through the trunk (sequences of up to `t` tokens, see
+/// [`train_bytes_per_token`]) and per scored target (its logits row and
+/// their gradient). The estimate's model, for the trainer to fill
+/// micro-batches by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MicroCost {
+    pub token: u64,
+    pub target: u64,
+}
+
+impl MicroCost {
+    pub fn of(policy: &Policy, t: usize) -> MicroCost {
+        let cfg = policy.config();
+        MicroCost {
+            token: train_bytes_per_token(cfg, policy.precision(), t, fused_attention(policy)),
+            target: head_row_bytes(cfg),
+        }
+    }
+}
+
+/// The logits row of one scored target and its gradient, in f32.
+fn head_row_bytes(cfg: &ModelConfig) -> u64 {
+    2 * cfg.vocab_size as u64 * 4
+}
+
 /// What an estimate needs besides the policy.
 #[derive(Debug, Clone, Copy)]
 pub struct RunShape {
@@ -143,9 +180,7 @@ impl Footprint {
             params: policy.num_params() as u64,
             trained: policy.num_trainable_params() as u64,
             lora: policy.lora().is_some(),
-            fused_attention: policy.device().is_cpu()
-                && policy.precision() == Precision::F32
-                && crate::model::fused_attention_available(),
+            fused_attention: fused_attention(policy),
             rollout_copies: rollout_copy_bytes(policy),
             mixed_copies: if policy.mixed_precision() {
                 2 * policy.product_elems() as u64
@@ -281,7 +316,7 @@ pub fn estimate_for(m: &Footprint, shape: &RunShape) -> MemoryEstimate {
     let per_sequence = train_bytes_per_token(cfg, p, shape.seq_len, m.fused_attention)
         * shape.seq_len as u64
             // LM head rows of the answer's targets: logits and their gradient.
-            + 2 * 64 * cfg.vocab_size as u64 * 4;
+            + HEAD_ROWS as u64 * head_row_bytes(cfg);
     MemoryEstimate {
         weights,
         optimizer,

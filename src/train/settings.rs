@@ -63,7 +63,10 @@ pub struct TrainerSection {
     /// Passes over each batch and minibatches per pass.
     pub ppo_epochs: usize,
     pub minibatches: usize,
-    /// Sequences scored per forward/backward (memory bound only).
+    /// Sequences scored per forward/backward (memory bound only). With
+    /// `share_prefixes` in a large model, the memory of this many of the
+    /// longest sequences: a micro-batch then holds as many sequences as
+    /// their packed trie fits.
     pub micro_batch: usize,
     /// Score sequences that share a prefix (a group's first prompt, an
     /// episode's system message and history) in one packed row that holds

@@ -3,6 +3,7 @@
 //! grad-norm clipping, AdamW and the learning-rate schedule.
 
 use std::collections::{BTreeMap, HashMap};
+use std::ops::Range;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -12,6 +13,8 @@ use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
 use crate::distributed::{shard, Collective, Single};
+use crate::model::kernels::LARGE_MODEL_ELEMS;
+use crate::model::memory::{MicroCost, HEAD_ROWS};
 use crate::model::{Policy, ScoreBatch, ScoreOutput};
 
 use super::loss::{luffy_token_loss, ppo_token_loss};
@@ -239,8 +242,8 @@ impl Trainer {
             idx.sort_by(|&a, &b| samples[a].seq.cmp(&samples[b].seq));
         }
         let mut st = BehaviourStats::default();
-        let seqs: Vec<&[u32]> = idx.iter().map(|&i| samples[i].seq.as_slice()).collect();
-        let ranges = micro_chunks(&seqs, self.cfg.micro_batch, self.cfg.share_prefixes);
+        let seqs: Vec<_> = idx.iter().map(|&i| scored(&samples[i])).collect();
+        let ranges = micro_chunks(&seqs, self.cfg.micro_batch, self.micro_fill(policy, &seqs));
         for chunk in ranges.into_iter().map(|r| &idx[r]) {
             let batch = ScoreBatch {
                 seqs: chunk.iter().map(|&i| samples[i].seq.clone()).collect(),
@@ -334,11 +337,12 @@ impl Trainer {
         let vars = self.opt.vars();
         let mut acc: Vec<Option<Tensor>> = vec![None; vars.len()];
         let dev = policy.device().clone();
-        let seqs: Vec<&[u32]> = idx.iter().map(|&i| mb[i].seq.as_slice()).collect();
-        let chunks: Vec<&[usize]> = micro_chunks(&seqs, c.micro_batch, c.share_prefixes)
-            .into_iter()
-            .map(|r| &idx[r])
-            .collect();
+        let seqs: Vec<_> = idx.iter().map(|&i| scored(mb[i])).collect();
+        let chunks: Vec<&[usize]> =
+            micro_chunks(&seqs, c.micro_batch, self.micro_fill(policy, &seqs))
+                .into_iter()
+                .map(|r| &idx[r])
+                .collect();
         // Data-parallel: this rank's share of the micro-batches (all of
         // them alone); the token weights above are the whole minibatch's.
         for k in shard(chunks.len(), self.coll.rank(), self.coll.world()) {
@@ -387,6 +391,20 @@ impl Trainer {
             sums.add_micro(&terms.pg_loss, chunk, mb, &tokens, c.clip_low, c.clip_high)?;
         }
         Ok(acc)
+    }
+
+    /// How the micro-batches of `seqs` are filled ([`micro_chunks`]): with
+    /// prefix sharing in a large model, by the policy's memory per token
+    /// and target; else by count. Small models keep the count: their step
+    /// is overhead more than products, and the built-in tiny model's runs
+    /// stay bit-identical.
+    fn micro_fill(&self, policy: &Policy, seqs: &[(&[u32], usize)]) -> Fill {
+        let share = self.cfg.share_prefixes;
+        if !share || policy.product_elems() < LARGE_MODEL_ELEMS {
+            return Fill::Count { share };
+        }
+        let longest = seqs.iter().map(|s| s.0.len()).max().unwrap_or(0);
+        Fill::Memory(MicroCost::of(policy, longest))
     }
 
     /// The loss of one scored micro-batch: the policy loss (PPO, LUFFY's
@@ -638,21 +656,77 @@ pub fn global_norm(grads: &[Option<Tensor>]) -> Result<f64, candle_core::Error> 
     Ok(total.sqrt())
 }
 
-/// Splits sequences (in scoring order) into micro-batches of `micro_batch`
-/// sequences. With prefix sharing, a sequence that the next one strictly
-/// extends (a conversation turn whose prompt and answer open the next
-/// turn's prompt) does not count: it adds no tokens to the packed row, and
-/// splitting an episode's turns across micro-batches would run its
-/// conversation once per micro-batch. Elsewhere the plain count.
-fn micro_chunks(seqs: &[&[u32]], micro_batch: usize, share: bool) -> Vec<std::ops::Range<usize>> {
+/// What one sample costs a micro-batch: the tokens the trunk runs (up to
+/// its last target) and its target count.
+fn scored(s: &Sample) -> (&[u32], usize) {
+    let end = s.targets.iter().max().copied().unwrap_or(0);
+    (&s.seq[..end.min(s.seq.len())], s.targets.len())
+}
+
+/// How [`micro_chunks`] fills micro-batches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fill {
+    /// `micro_batch` sequences each; with `share`, a sequence that the
+    /// next one strictly extends (a conversation turn whose prompt and
+    /// answer open the next turn's prompt) does not count, so an episode's
+    /// turns stay together.
+    Count { share: bool },
+    /// Prefix sharing by memory: `micro_batch` longest sequences' worth of
+    /// packed-trie tokens and LM-head targets, at these costs.
+    Memory(MicroCost),
+}
+
+/// Splits sequences (in scoring order; each the tokens it runs through the
+/// trunk and its target count) into micro-batches.
+///
+/// With [`Fill::Memory`] a micro-batch holds as many sequences as fit the
+/// memory of `micro_batch` of the longest ones: each longest sequence's
+/// tokens and [`HEAD_ROWS`] targets (or the most of one sequence, if
+/// more), against the tokens of the packed trie (a sequence adds its
+/// suffix after the one before it) and the targets. That is the bound the
+/// memory estimate and a sequence count give, but a group whose rollouts
+/// share their prompts (a task's first turn, each turn's system message
+/// and task) runs those prompts once per micro-batch rather than once per
+/// `micro_batch` sequences: on SmolLM2's 8 × 8 household step, 2× fewer
+/// tokens through the trunk.
+fn micro_chunks(seqs: &[(&[u32], usize)], micro_batch: usize, fill: Fill) -> Vec<Range<usize>> {
     let per = micro_batch.max(1);
+    let cost = match fill {
+        Fill::Memory(cost) => cost,
+        Fill::Count { share } => return count_chunks(seqs, per, share),
+    };
+    let longest = seqs.iter().map(|s| s.0.len()).max().unwrap_or(0) as u64;
+    let most = seqs.iter().map(|s| s.1).max().unwrap_or(0).max(HEAD_ROWS) as u64;
+    let budget = per as u64 * (longest * cost.token + most * cost.target);
+    let mut out = Vec::new();
+    let (mut start, mut used) = (0usize, 0u64);
+    for k in 0..seqs.len() {
+        let (s, n) = seqs[k];
+        let shared = if k == start { 0 } else { lcp(seqs[k - 1].0, s) };
+        let mut add = (s.len() - shared) as u64 * cost.token + n as u64 * cost.target;
+        if k > start && used + add > budget {
+            out.push(start..k);
+            start = k;
+            add = s.len() as u64 * cost.token + n as u64 * cost.target;
+            used = 0;
+        }
+        used += add;
+    }
+    if start < seqs.len() {
+        out.push(start..seqs.len());
+    }
+    out
+}
+
+/// [`Fill::Count`].
+fn count_chunks(seqs: &[(&[u32], usize)], per: usize, share: bool) -> Vec<Range<usize>> {
     let mut out = Vec::new();
     let (mut start, mut count) = (0usize, 0usize);
     for k in 0..seqs.len() {
         let extended = share
-            && seqs
-                .get(k + 1)
-                .is_some_and(|next| next.len() > seqs[k].len() && next.starts_with(seqs[k]));
+            && seqs.get(k + 1).is_some_and(|next| {
+                next.0.len() > seqs[k].0.len() && next.0.starts_with(seqs[k].0)
+            });
         if !extended {
             count += 1;
         }
@@ -668,27 +742,77 @@ fn micro_chunks(seqs: &[&[u32]], micro_batch: usize, share: bool) -> Vec<std::op
     out
 }
 
+/// Length of the longest common prefix of `a` and `b`.
+fn lcp(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
 #[cfg(test)]
 mod tests {
-    use super::micro_chunks;
+    use super::{micro_chunks, Fill};
+    use crate::model::memory::MicroCost;
+
+    const TOKENS: Fill = Fill::Memory(MicroCost {
+        token: 1,
+        target: 0,
+    });
+    const TARGETS: Fill = Fill::Memory(MicroCost {
+        token: 0,
+        target: 1,
+    });
+    const COUNT: Fill = Fill::Count { share: false };
+    const COUNT_SHARED: Fill = Fill::Count { share: true };
 
     #[test]
-    fn micro_batches_count_sequences_but_keep_a_conversation_together() {
-        let a: &[u32] = &[1, 2];
-        let b: &[u32] = &[1, 2, 3, 4];
-        let c: &[u32] = &[1, 2, 3, 4, 5];
-        let d: &[u32] = &[1, 7];
-        let e: &[u32] = &[1, 7];
+    fn counted_micro_batches_keep_a_conversation_together() {
+        let t = |s: &'static [u32]| (s, 1usize);
+        let (a, b, c, d, e) = (
+            t(&[1, 2]),
+            t(&[1, 2, 3, 4]),
+            t(&[1, 2, 3, 4, 5]),
+            t(&[1, 7]),
+            t(&[1, 7]),
+        );
         let seqs = [a, b, c, d, e];
         // The plain count, with sharing off, or with no sequence extended.
-        assert_eq!(micro_chunks(&seqs, 2, false), vec![0..2, 2..4, 4..5]);
-        assert_eq!(micro_chunks(&[d, e, d], 2, true), vec![0..2, 2..3]);
+        assert_eq!(micro_chunks(&seqs, 2, COUNT), vec![0..2, 2..4, 4..5]);
+        assert_eq!(micro_chunks(&[d, e, d], 2, COUNT_SHARED), vec![0..2, 2..3]);
         // a and b open c: the conversation a-b-c is one, equal sequences
         // are not an extension.
-        assert_eq!(micro_chunks(&seqs, 2, true), vec![0..4, 4..5]);
-        assert_eq!(micro_chunks(&seqs, 1, true), vec![0..3, 3..4, 4..5]);
+        assert_eq!(micro_chunks(&seqs, 2, COUNT_SHARED), vec![0..4, 4..5]);
+        assert_eq!(micro_chunks(&seqs, 1, COUNT_SHARED), vec![0..3, 3..4, 4..5]);
+    }
+
+    #[test]
+    fn shared_micro_batches_fill_the_memory_of_micro_batch_longest_sequences() {
+        let seq = |last: u32| vec![1, 2, 3, last];
+        let seqs: Vec<Vec<u32>> = vec![seq(4), seq(5), seq(6), seq(7), seq(8), vec![9; 4]];
+        let with = |targets: &[usize]| -> Vec<(&[u32], usize)> {
+            seqs.iter()
+                .map(Vec::as_slice)
+                .zip(targets.iter().copied())
+                .collect()
+        };
+        // Without sharing: the plain count.
+        let one = with(&[4, 1, 1, 1, 1, 1]);
+        assert_eq!(micro_chunks(&one, 2, COUNT), vec![0..2, 2..4, 4..6]);
+        // Sharing, 2 × 4 tokens: the first five hold 4 + 1 + 1 + 1 + 1
+        // packed tokens; the sixth shares nothing and opens the next.
+        assert_eq!(micro_chunks(&one, 2, TOKENS), vec![0..5, 5..6]);
+        // 2 × 100 targets (the most of one sequence) bound the LM head too.
+        let two = with(&[100, 60, 60, 1, 1, 1]);
+        assert_eq!(micro_chunks(&two, 2, TARGETS), vec![0..2, 2..6]);
+        // micro_batch 1: each sequence alone (a second one's suffix would
+        // exceed the longest sequence's tokens).
+        assert_eq!(micro_chunks(&one, 1, TOKENS).len(), 6);
+        // A conversation's turns extend each other: the extension alone counts.
+        let (a, b, c): (&[u32], &[u32], &[u32]) = (&[1, 2], &[1, 2, 3, 4], &[5, 6, 7, 8]);
         assert_eq!(
-            micro_chunks(&[], 4, true),
+            micro_chunks(&[(a, 1), (b, 1), (c, 1)], 1, TOKENS),
+            vec![0..2, 2..3]
+        );
+        assert_eq!(
+            micro_chunks(&[], 4, TOKENS),
             Vec::<std::ops::Range<usize>>::new()
         );
     }

@@ -46,6 +46,37 @@ impl LayerCache {
     }
 }
 
+impl LayerCache {
+    /// The whole key and value buffers.
+    pub(super) fn parts(&self) -> (&Tensor, &Tensor) {
+        (&self.k, &self.v)
+    }
+}
+
+/// A batch cache gathered from packed prefills (see the shared prefill in
+/// `generate`): `k`, `v` are `(n_kv, s, head_dim)` and `cols` holds, per
+/// batch row and column, the column of them to take (`s - 1`: a zero
+/// column, which counts as padding); `rows * capacity` entries.
+pub(super) fn gather(
+    k: &Tensor,
+    v: &Tensor,
+    cols: &Tensor,
+    rows: usize,
+    capacity: usize,
+) -> Result<LayerCache> {
+    let take = |x: &Tensor| -> Result<Tensor> {
+        let (nkv, _, hd) = x.dims3()?;
+        Ok(x.index_select(cols, 1)?
+            .reshape((nkv, rows, capacity, hd))?
+            .transpose(0, 1)?
+            .contiguous()?)
+    };
+    Ok(LayerCache {
+        k: take(k)?,
+        v: take(v)?,
+    })
+}
+
 /// Joins the caches of consecutive prefill chunks (each `layers` long, same
 /// capacity) into one batch, in chunk order.
 pub(super) fn concat(mut caches: Vec<Vec<LayerCache>>, layers: usize) -> Result<Vec<LayerCache>> {

@@ -10,7 +10,7 @@ use std::cell::OnceCell;
 
 use super::block::AttnMask;
 use super::cache::{self, LayerCache};
-use super::{Policy, Weights};
+use super::{pack, Policy, Weights};
 use crate::model::error::{ModelError, Result};
 use crate::model::kernels::LARGE_MODEL_ELEMS;
 use crate::model::sampler::{Prepared, Sampler};
@@ -52,7 +52,8 @@ impl Policy {
     /// at 0 on its first real token and an additive mask hides its pad
     /// columns, so a prompt's distribution does not depend on what it is
     /// batched with (greedy output is identical alone or batched). Prompts
-    /// are prefilled once, longest first, in chunks of similar length, into
+    /// are prefilled once, longest first, in chunks of similar length (in a
+    /// large model: as packed prefix trees, each shared prefix once), into
     /// a preallocated per-layer KV cache (written in place with
     /// `slice_set`); then all unfinished sequences advance one token per
     /// step; finished ones are dropped from the batch (the caches are
@@ -195,21 +196,20 @@ impl Policy {
         p_len: usize,
         capacity: usize,
     ) -> Result<(Vec<LayerCache>, Tensor)> {
-        // Equal prompts (a group's rollouts of one task start from the same
-        // prompt) are prefilled once; their rows are copied afterwards. Not
-        // in small models, whose products round by batch shape: there the
-        // saving is nil and the built-in tiny model's runs stay
-        // bit-identical.
-        let (distinct, rows) = if self.product_elems() >= LARGE_MODEL_ELEMS {
-            distinct_prompts(prompts, active)
-        } else {
-            (active.to_vec(), (0..active.len()).collect())
-        };
-        let lens: Vec<usize> = distinct.iter().map(|&i| prompts[i].len()).collect();
+        // Prompts that share a prefix (a group's rollouts of one task start
+        // from the same prompt, and every turn's prompt opens with the
+        // system message and task) are prefilled once as a packed prefix
+        // tree; each row's cache is gathered from it. Not in small models,
+        // whose products round by batch shape: there the saving is nil and
+        // the built-in tiny model's runs stay bit-identical.
+        if self.product_elems() >= LARGE_MODEL_ELEMS {
+            return self.prefill_shared(w, prompts, active, p_len, capacity);
+        }
+        let lens: Vec<usize> = active.iter().map(|&i| prompts[i].len()).collect();
         let mut caches: Vec<Vec<LayerCache>> = Vec::new();
         let mut logits_parts = Vec::new();
         for chunk in self.plan_chunks(&lens) {
-            let chunk_prompts: Vec<&[u32]> = distinct[chunk]
+            let chunk_prompts: Vec<&[u32]> = active[chunk]
                 .iter()
                 .map(|&i| prompts[i].as_slice())
                 .collect();
@@ -217,17 +217,97 @@ impl Policy {
             caches.push(c);
             logits_parts.push(l);
         }
-        let mut cache = cache::concat(caches, self.cfg.num_hidden_layers)?;
-        let mut logits = Tensor::cat(&logits_parts, 0)?;
-        if distinct.len() < active.len() {
-            cache::compact(&mut cache, &rows, &self.device)?;
-            let idx = Tensor::from_vec(
-                rows.iter().map(|&r| r as u32).collect::<Vec<_>>(),
-                rows.len(),
-                &self.device,
-            )?;
-            logits = logits.index_select(&idx, 0)?;
+        let cache = cache::concat(caches, self.cfg.num_hidden_layers)?;
+        Ok((cache, Tensor::cat(&logits_parts, 0)?))
+    }
+
+    /// [`Policy::prefill_batch`] over packed prefix trees: the prompts
+    /// `active`, sorted so that those sharing a prefix are neighbours, run
+    /// chunk by chunk as packed rows (`pack`, the scorer's layout: each
+    /// token sees its own prompt alone and keeps its position), so a shared
+    /// prefix runs once; each row's cache columns `p_len - len .. p_len`
+    /// are then gathered from the packed keys and values (zeros before, as
+    /// padding), and its logits from its last token's hidden row.
+    fn prefill_shared(
+        &self,
+        w: &Weights,
+        prompts: &[Vec<u32>],
+        active: &[usize],
+        p_len: usize,
+        capacity: usize,
+    ) -> Result<(Vec<LayerCache>, Tensor)> {
+        let seqs: Vec<&[u32]> = active.iter().map(|&i| prompts[i].as_slice()).collect();
+        let (order, chunks) = pack::plan(&seqs, self.packed_tokens());
+        let (nkv, hd) = (self.cfg.num_key_value_heads, self.cfg.head_dim());
+        let layers = w.layers.len();
+        // Per layer, each chunk's packed keys and values.
+        let mut packed: Vec<Vec<LayerCache>> = (0..layers).map(|_| Vec::new()).collect();
+        // node[r]: packed columns (over all chunks) of row r's tokens.
+        let mut node: Vec<Vec<usize>> = vec![Vec::new(); seqs.len()];
+        let mut last_rows = Vec::new();
+        let mut hidden = Vec::new();
+        let mut base = 0usize;
+        for chunk in chunks {
+            let rs = &order[chunk];
+            let chunk_seqs: Vec<&[u32]> = rs.iter().map(|&r| seqs[r]).collect();
+            let p = pack::pack(&chunk_seqs);
+            let t = p.ids.len();
+            let rope = self.rope_tables(&p.positions, 1, t);
+            let mask = OnceCell::new();
+            let tree = AttnMask::Tree {
+                reach: &p.reach,
+                mask: &mask,
+            };
+            let mut x = self.embed(w, &p.ids)?;
+            for (lw, parts) in w.layers.iter().zip(packed.iter_mut()) {
+                let mut c = LayerCache::zeros(1, nkv, t, hd, self.dtype, &self.device)?;
+                x = self.block(lw, &x, 1, t, &rope, tree, Some((&mut c, 0, 0)))?;
+                parts.push(c);
+            }
+            let sel: Vec<u32> = p.node.iter().map(|n| n[n.len() - 1] as u32).collect();
+            let n = sel.len();
+            hidden.push(x.index_select(&Tensor::from_vec(sel, n, &self.device)?, 0)?);
+            for (k, &r) in rs.iter().enumerate() {
+                node[r] = p.node[k].iter().map(|&j| base + j).collect();
+                last_rows.push(r);
+            }
+            base += t;
         }
+        // Column `base` is zeros: the padding of every row.
+        let mut cols = vec![base as u32; seqs.len() * capacity];
+        for (r, n) in node.iter().enumerate() {
+            let start = r * capacity + p_len - n.len();
+            for (c, &j) in cols[start..start + n.len()].iter_mut().zip(n) {
+                *c = j as u32;
+            }
+        }
+        let cols = Tensor::from_vec(cols, seqs.len() * capacity, &self.device)?;
+        let zero = Tensor::zeros((nkv, 1, hd), self.dtype, &self.device)?;
+        let cache = packed
+            .iter()
+            .map(|parts| {
+                let side = |kv: usize| -> Result<Tensor> {
+                    let mut all: Vec<Tensor> = parts
+                        .iter()
+                        .map(|c| {
+                            let (k, v) = c.parts();
+                            Ok([k, v][kv].squeeze(0)?)
+                        })
+                        .collect::<Result<_>>()?;
+                    all.push(zero.clone());
+                    Ok(Tensor::cat(&all, 1)?)
+                };
+                cache::gather(&side(0)?, &side(1)?, &cols, seqs.len(), capacity)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        // Hidden rows are in chunk order; put them back in `active` order.
+        let mut perm = vec![0u32; seqs.len()];
+        for (k, &r) in last_rows.iter().enumerate() {
+            perm[r] = k as u32;
+        }
+        let hidden = Tensor::cat(&hidden, 0)?
+            .index_select(&Tensor::from_vec(perm, seqs.len(), &self.device)?, 0)?;
+        let logits = self.head(w, &hidden)?;
         Ok((cache, logits))
     }
 
@@ -390,21 +470,4 @@ fn sample_step(
         }
     }
     Ok(keep)
-}
-
-/// The entries of `active` whose prompt no earlier entry has (in order),
-/// and for each entry of `active` the index of its prompt in that list.
-pub(super) fn distinct_prompts(prompts: &[Vec<u32>], active: &[usize]) -> (Vec<usize>, Vec<usize>) {
-    let mut first: std::collections::HashMap<&[u32], usize> = std::collections::HashMap::new();
-    let mut distinct = Vec::new();
-    let rows = active
-        .iter()
-        .map(|&i| {
-            *first.entry(prompts[i].as_slice()).or_insert_with(|| {
-                distinct.push(i);
-                distinct.len() - 1
-            })
-        })
-        .collect();
-    (distinct, rows)
 }

@@ -274,7 +274,7 @@ fn generation_ends_where_the_stop_check_says_so() {
 }
 
 #[test]
-fn equal_prompts_are_prefilled_once_and_decode_as_if_alone() {
+fn prompts_sharing_prefixes_are_prefilled_once_and_decode_as_if_alone() {
     // Large enough (≥ 16M product weights) to take the shared prefill.
     let cfg = ModelConfig {
         hidden_size: 512,
@@ -288,20 +288,29 @@ fn equal_prompts_are_prefilled_once_and_decode_as_if_alone() {
     let mut rng = ChaCha8Rng::seed_from_u64(5);
     let p = Policy::new_random(&cfg, &mut rng, &Device::Cpu).unwrap();
     assert!(p.product_elems() >= crate::model::kernels::LARGE_MODEL_ELEMS);
-    let base = prompts_of(&[7, 4, 9], 21);
+    let base = prompts_of(&[7, 4, 9, 5], 21);
+    let with = |a: &[u32], b: &[u32]| [a, b].concat();
+    // Equal prompts, prompts sharing a prefix of several lengths, one
+    // prompt the prefix of another, and one sharing nothing.
     let prompts = vec![
         base[0].clone(),
-        base[1].clone(),
+        with(&base[0], &base[1]),
         base[0].clone(),
         base[2].clone(),
-        base[0].clone(),
+        with(&base[0], &base[3]),
+        with(&with(&base[0], &base[1]), &base[3]),
         base[1].clone(),
     ];
-    let (distinct, rows) = super::super::generate::distinct_prompts(&prompts, &[3, 0, 2, 4, 1, 5]);
-    assert_eq!(distinct, vec![3, 0, 1]);
-    assert_eq!(rows, vec![0, 1, 1, 1, 2, 2]);
     let o = opts(5, 1.0, 1.0, true);
     let batched = p.generate(&prompts, &o, None, &mut rng).unwrap();
+    // Against the training path (no cache, no packing): the log-probs of
+    // the generated tokens, so a wrong cache cannot pass as consistent.
+    let flat: Vec<f64> = batched
+        .iter()
+        .flat_map(|g| g.logprobs.iter().map(|&x| x as f64))
+        .collect();
+    let scored = rescore(&p, &prompts, &batched, 1.0);
+    assert_close(&scored, &flat, 1e-4, "shared prefill vs scoring");
     for (pr, g) in prompts.iter().zip(&batched) {
         let alone = p
             .generate(std::slice::from_ref(pr), &o, None, &mut rng)
@@ -310,5 +319,19 @@ fn equal_prompts_are_prefilled_once_and_decode_as_if_alone() {
         assert_eq!(g.tokens.len(), 5);
         let a: Vec<f64> = alone[0].logprobs.iter().map(|&x| x as f64).collect();
         assert_close(&g.logprobs, &a, 1e-4, "alone vs shared prefill");
+    }
+    // Chunked: packed rows of at most 12 tokens (the budget over the
+    // widest activation, the fused gate/up) split the trie.
+    CHUNK_BUDGET_OVERRIDE.with(|c| c.set(Some(12 * 2 * cfg.intermediate_size)));
+    let small = p.generate(&prompts, &o, None, &mut ChaCha8Rng::seed_from_u64(9));
+    CHUNK_BUDGET_OVERRIDE.with(|c| c.set(None));
+    let small = small.unwrap();
+    let whole = p
+        .generate(&prompts, &o, None, &mut ChaCha8Rng::seed_from_u64(9))
+        .unwrap();
+    for (a, b) in small.iter().zip(&whole) {
+        assert_eq!(a.tokens, b.tokens);
+        let b: Vec<f64> = b.logprobs.iter().map(|&x| x as f64).collect();
+        assert_close(&a.logprobs, &b, 1e-4, "chunked vs whole shared prefill");
     }
 }
