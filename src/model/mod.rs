@@ -73,6 +73,7 @@ pub use error::ModelError;
 pub use gguf::{gguf_config, GgmlDType, GgufFile};
 pub use gguf_tokenizer::GgufVocab;
 pub use kernels::{CpuInfo, Kernels};
+pub(crate) use llama::lcp;
 pub use llama::{
     note_weights_changed, GenerateOptions, Generated, Policy, ScoreBatch, ScoreOutput,
 };

@@ -15,7 +15,7 @@ use rand_chacha::ChaCha8Rng;
 use crate::distributed::{shard, Collective, Single};
 use crate::model::kernels::LARGE_MODEL_ELEMS;
 use crate::model::memory::{MicroCost, HEAD_ROWS};
-use crate::model::{Policy, ScoreBatch, ScoreOutput};
+use crate::model::{lcp, Policy, ScoreBatch, ScoreOutput};
 
 use super::loss::{luffy_token_loss, ppo_token_loss};
 use super::optim::{AdamW, AdamWParams};
@@ -740,11 +740,6 @@ fn count_chunks(seqs: &[(&[u32], usize)], per: usize, share: bool) -> Vec<Range<
         out.push(start..seqs.len());
     }
     out
-}
-
-/// Length of the longest common prefix of `a` and `b`.
-fn lcp(a: &[u32], b: &[u32]) -> usize {
-    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
 #[cfg(test)]

@@ -44,9 +44,7 @@ impl LayerCache {
         let s = off + t - from;
         Ok((self.k.narrow(2, from, s)?, self.v.narrow(2, from, s)?))
     }
-}
 
-impl LayerCache {
     /// The whole key and value buffers.
     pub(super) fn parts(&self) -> (&Tensor, &Tensor) {
         (&self.k, &self.v)

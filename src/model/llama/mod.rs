@@ -67,6 +67,7 @@ mod weights;
 
 pub(in crate::model) use block::linear;
 pub use generate::{GenerateOptions, Generated};
+pub(crate) use pack::lcp;
 pub use score::{ScoreBatch, ScoreOutput};
 pub use weights::note_weights_changed;
 pub(crate) use weights::{weights_epoch, Adapter, LayerW, Weights};

@@ -30,7 +30,7 @@ pub(in crate::model) struct Packed {
 }
 
 /// Length of the longest common prefix of `a` and `b`.
-pub(in crate::model) fn lcp(a: &[u32], b: &[u32]) -> usize {
+pub(crate) fn lcp(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
