@@ -301,12 +301,7 @@ impl Policy {
             })
             .collect::<Result<Vec<_>>>()?;
         // Hidden rows are in chunk order; put them back in `active` order.
-        let mut perm = vec![0u32; seqs.len()];
-        for (k, &r) in last_rows.iter().enumerate() {
-            perm[r] = k as u32;
-        }
-        let hidden = Tensor::cat(&hidden, 0)?
-            .index_select(&Tensor::from_vec(perm, seqs.len(), &self.device)?, 0)?;
+        let hidden = self.in_output_order(hidden, &last_rows)?;
         let logits = self.head(w, &hidden)?;
         Ok((cache, logits))
     }

@@ -262,7 +262,11 @@ impl Policy {
     /// Concatenates the gathered hidden rows `parts` and puts them back in
     /// output order (targets flattened sequence by sequence);
     /// `gathered[k]` is the output position of the `k`-th row.
-    fn in_output_order(&self, mut parts: Vec<Tensor>, gathered: &[usize]) -> Result<Tensor> {
+    pub(super) fn in_output_order(
+        &self,
+        mut parts: Vec<Tensor>,
+        gathered: &[usize],
+    ) -> Result<Tensor> {
         let hidden = if parts.len() == 1 {
             parts.pop().expect("one part")
         } else {
