@@ -312,16 +312,22 @@ impl Policy {
 
     /// SwiGLU MLP of the normed rows `h`, down projection included.
     fn mlp(&self, lw: &LayerW, h: &Tensor) -> Result<Tensor> {
+        let gu_w = || -> Result<Tensor> {
+            Ok(match &lw.gu {
+                Some(gu) => gu.clone(),
+                None => Tensor::cat(&[&lw.gate, &lw.up], 0)?,
+            })
+        };
+        if self.fuses_lora(lw, &[Proj::Gate, Proj::Up]) {
+            let ws = [&lw.gate, &lw.up];
+            if let Some(gu) = self.lora_product(lw, &[Proj::Gate, Proj::Up], h, &ws)? {
+                return self.proj(lw, Proj::Down, &ops::swiglu(&gu)?, &lw.down, None);
+            }
+        }
         let frozen = self.frozen_mixed(h, &[&lw.gate, &lw.up])?;
         let mut gu = match frozen {
             Some(gu) => gu,
-            None => {
-                let gu_w = match &lw.gu {
-                    Some(gu) => gu.clone(),
-                    None => Tensor::cat(&[&lw.gate, &lw.up], 0)?,
-                };
-                self.base_linear(h, &gu_w)?
-            }
+            None => self.base_linear(h, &gu_w()?)?,
         };
         let (dg, du) = (
             self.lora_delta(lw, Proj::Gate, h)?,
@@ -346,15 +352,49 @@ impl Policy {
         w: &Tensor,
         bias: Option<&Tensor>,
     ) -> Result<Tensor> {
-        let y = self.base_linear(x, w)?;
+        let fused = if self.fuses_lora(lw, &[p]) {
+            self.lora_product(lw, &[p], x, &[w])?
+        } else {
+            None
+        };
+        let was_fused = fused.is_some();
+        let y = match fused {
+            Some(y) => y,
+            None => self.base_linear(x, w)?,
+        };
         let y = match bias {
             Some(b) => y.broadcast_add(b)?,
             None => y,
         };
+        if was_fused {
+            return Ok(y);
+        }
         Ok(match self.lora_delta(lw, p, x)? {
             Some(d) => (y + d)?,
             None => y,
         })
+    }
+
+    /// Whether the projections `ps` (stacked by rows in one base weight)
+    /// take the fused LoRA product ([`ops::lora_linear`]): every one of
+    /// them adapted, f32 products (mixed precision has its own frozen-base
+    /// path) and no LoRA dropout (which masks only the adapter's input).
+    fn fuses_lora(&self, lw: &LayerW, ps: &[Proj]) -> bool {
+        self.lora_updates_fused()
+            && ps
+                .iter()
+                .all(|p| matches!(lw.ad.get(p.index()), Some(Some(_))))
+    }
+
+    /// Whether this policy's LoRA updates run as fused products (see
+    /// [`Policy::fuses_lora`]): the memory estimate counts the composed
+    /// update's tensors only where they do not.
+    pub(in crate::model) fn lora_updates_fused(&self) -> bool {
+        self.lora.as_ref().is_some_and(|cfg| cfg.dropout <= 0.0)
+            && !self.mixed_precision
+            && self.device.is_cpu()
+            && self.dtype == DType::F32
+            && ops::fused_lora_available()
     }
 
     /// `x Wᵀ` for a base weight: under LoRA the base is frozen, and the

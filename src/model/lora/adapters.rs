@@ -12,6 +12,7 @@ use rand_chacha::ChaCha8Rng;
 use super::{LoraConfig, Proj, ADAPTER_CONFIG, ADAPTER_WEIGHTS};
 use crate::model::error::{ModelError, Result};
 use crate::model::llama::{linear, Adapter, LayerW, Policy, PolicyParts, Weights};
+use crate::model::ops;
 
 impl Policy {
     /// HF `(out, in)` shape of projection `p`.
@@ -267,6 +268,40 @@ impl Policy {
         let x = self.lora_dropout(x, cfg.dropout)?;
         let d = linear(&linear(&x, &ad.a)?, &ad.b)?;
         Ok(Some((d * cfg.scale())?))
+    }
+
+    /// `x Wᵀ` plus the updates of the adapters of `ps`, for the frozen base
+    /// weights `ws` of the same projections (one, or gate and up, whose
+    /// outputs are then side by side), as one fused product
+    /// ([`ops::lora_linear`]); `None` where a projection has no adapter or
+    /// the fused product does not apply. Dropout is the caller's to rule
+    /// out.
+    pub(in crate::model) fn lora_product(
+        &self,
+        lw: &LayerW,
+        ps: &[Proj],
+        x: &Tensor,
+        ws: &[&Tensor],
+    ) -> Result<Option<Tensor>> {
+        let Some(cfg) = self.lora() else {
+            return Ok(None);
+        };
+        let mut ads = Vec::with_capacity(ps.len());
+        for p in ps {
+            match lw.ad.get(p.index()) {
+                Some(Some(ad)) => ads.push(ad),
+                _ => return Ok(None),
+            }
+        }
+        let stack = |part: fn(&Adapter) -> &Tensor| -> Result<Tensor> {
+            Ok(match ads.as_slice() {
+                [one] => part(one).clone(),
+                _ => Tensor::cat(&ads.iter().map(|a| part(a)).collect::<Vec<_>>(), 0)?,
+            })
+        };
+        let (a, b) = (stack(|ad| &ad.a)?, stack(|ad| &ad.b)?);
+        let ws: Vec<Tensor> = ws.iter().map(|w| w.detach()).collect();
+        ops::lora_linear(x, &ws, &a, &b, cfg.scale())
     }
 
     /// Inverted dropout with masks from the seeded stream, when one is set.

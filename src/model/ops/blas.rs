@@ -383,6 +383,84 @@ impl Blas {
         }
     }
 
+    /// [`Blas::gemm_serial`] split over the rayon pool as [`Blas::gemm`]
+    /// splits (by rows of `C`, or by columns when it has few rows): `C (m,
+    /// n) = op(A) op(B) + beta C` on strided views, so a product can write
+    /// (or, with `beta` 1, add) into a column block of a wider matrix.
+    pub(crate) fn gemm_into(
+        &self,
+        (ta, tb): (bool, bool),
+        (m, n, k): (usize, usize, usize),
+        (a, lda): (&[f32], usize),
+        (b, ldb): (&[f32], usize),
+        (c, ldc): (&mut [f32], usize),
+        beta: f32,
+    ) {
+        let blocks = if m * n * k < (1 << 20) {
+            1
+        } else {
+            rayon::current_num_threads()
+        };
+        if blocks <= 1 || m == 0 || n == 0 || k == 0 {
+            return self.gemm_serial((ta, tb), (m, n, k), (a, lda), (b, ldb), (c, ldc), beta);
+        }
+        let extent = |rows: usize, cols: usize, ld: usize| (rows - 1) * ld + cols;
+        let (ar, ac) = if ta { (k, m) } else { (m, k) };
+        let (br, bc) = if tb { (n, k) } else { (k, n) };
+        assert!(
+            a.len() >= extent(ar, ac, lda)
+                && b.len() >= extent(br, bc, ldb)
+                && c.len() >= extent(m, n, ldc),
+            "gemm_into: short operand"
+        );
+        let split_rows = m >= n || m >= 64 * blocks;
+        let (len, align) = if split_rows { (m, 1) } else { (n, 16) };
+        let per = len.div_ceil(blocks).div_ceil(align) * align;
+        let (pa, pb, pc) = (
+            Ptr(a.as_ptr().cast_mut()),
+            Ptr(b.as_ptr().cast_mut()),
+            Ptr(c.as_mut_ptr()),
+        );
+        let run = |start: usize| {
+            let size = per.min(len - start);
+            let ((mi, nj), a0, b0, c0) = if split_rows {
+                (
+                    (size, n),
+                    if ta { start } else { start * lda },
+                    0,
+                    start * ldc,
+                )
+            } else {
+                ((m, size), 0, if tb { start * ldb } else { start }, start)
+            };
+            // SAFETY: every block's view lies inside the operands checked
+            // above; blocks write disjoint rows (or columns) of C, and A
+            // and B are only read.
+            unsafe {
+                self.sgemm_raw(
+                    ta,
+                    tb,
+                    mi,
+                    nj,
+                    k,
+                    pa.offset(a0).0,
+                    lda,
+                    pb.offset(b0).0,
+                    ldb,
+                    pc.offset(c0).0,
+                    ldc,
+                    beta,
+                )
+            }
+        };
+        rayon::scope(|s| {
+            for start in (0..len).step_by(per) {
+                let run = &run;
+                s.spawn(move |_| run(start));
+            }
+        });
+    }
+
     /// Row-major `op(A) op(B)`, `(m, n)`, in a new vector (`op` transposes
     /// when `ta` / `tb`; `A` is `(m, k)` or, transposed, `(k, m)`; `B` is
     /// `(k, n)` or `(n, k)`), split over the rayon pool.

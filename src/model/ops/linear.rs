@@ -477,7 +477,7 @@ fn with_bf16_bits<R>(t: &Tensor, f: impl FnOnce(&[u16]) -> R) -> candle_core::Re
 }
 
 /// Runs `f` on the f32 elements of a contiguous CPU tensor, without a copy.
-fn with_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> candle_core::Result<R> {
+pub(super) fn with_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> candle_core::Result<R> {
     let (storage, layout) = t.storage_and_layout();
     match &*storage {
         Storage::Cpu(s) => Ok(f(f32_slice(s, layout, "actguide-blas-linear")?)),

@@ -10,15 +10,16 @@
 //!
 //! One file per kernel family: [`attention`] (fused attention, BLAS path),
 //! [`softmax`] (causal attention softmax, the composite path's),
-//! [`linear`] (frozen-weight matmul), [`norm`] (RMSNorm), [`rope`]
+//! [`linear`] (frozen-weight matmul), [`lora`] (a LoRA-adapted
+//! projection), [`norm`] (RMSNorm), [`rope`]
 //! (rotary embeddings + heads-first transpose), [`mod@swiglu`], [`logp`]
 //! (target log-prob + entropy). This file holds what they share: the
 //! CPU-or-composite switch, the row-parallel loop, and the adapters
-//! ([`Fused1`], [`Fused2`]) that turn an op's f32 kernel ([`Kernel1`],
-//! [`Kernel2`]) into a candle custom op, so each op states only its kernel
+//! ([`Fused1`], [`Fused2`], [`Fused3`]) that turn an op's f32 kernel
+//! ([`Kernel1`], [`Kernel2`], [`Kernel3`]) into a candle custom op, so each op states only its kernel
 //! and its backward.
 
-use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Layout, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Shape, Tensor};
 
 mod attention;
 mod blas;
@@ -26,6 +27,7 @@ mod bmm;
 mod expf;
 mod linear;
 mod logp;
+mod lora;
 mod norm;
 mod rope;
 mod skinny;
@@ -45,6 +47,7 @@ pub use linear::{
     packed_rollout_bytes,
 };
 pub(crate) use logp::logp_entropy;
+pub(crate) use lora::{fused_lora_available, lora_linear};
 pub(crate) use norm::rms_norm;
 pub(crate) use rope::{rope_heads_first, RopeTables};
 pub(crate) use softmax::causal_softmax;
@@ -53,6 +56,7 @@ pub(crate) use swiglu::swiglu;
 pub(crate) use {
     linear::{is_packed, PACKED_PRODUCTS, PACK_MIN_ELEMS_OVERRIDE},
     logp::logp_entropy_composite,
+    lora::{blas_loaded, LORA_PRODUCTS},
     rope::rope_heads_first_composite,
     swiglu::swiglu_composite,
 };
@@ -184,6 +188,32 @@ trait Kernel2: Send + Sync {
     }
 }
 
+/// A three-input op whose CPU forward is an f32 kernel over contiguous
+/// inputs; [`Fused3`] makes it a candle `CustomOp3`.
+trait Kernel3: Send + Sync {
+    /// The op's name in candle's graph and in errors.
+    const NAME: &'static str;
+
+    /// The output's elements and shape.
+    fn forward(
+        &self,
+        a: Input<'_>,
+        b: Input<'_>,
+        c: Input<'_>,
+    ) -> candle_core::Result<(Vec<f32>, Shape)>;
+
+    /// `CustomOp3::bwd`.
+    #[allow(clippy::type_complexity)]
+    fn backward(
+        &self,
+        a: &Tensor,
+        b: &Tensor,
+        c: &Tensor,
+        res: &Tensor,
+        grad_res: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)>;
+}
+
 /// A [`Kernel1`] as a candle custom op: checks that the input is a
 /// contiguous f32 CPU tensor, runs the kernel, wraps its output. (The
 /// callers only apply it where [`fused`] holds.)
@@ -238,6 +268,42 @@ impl<K: Kernel2> CustomOp2 for Fused2<K> {
         grad: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
         self.0.backward(a, b, res, grad)
+    }
+}
+
+/// A [`Kernel3`] as a candle custom op (see [`Fused1`]).
+struct Fused3<K>(K);
+
+impl<K: Kernel3> CustomOp3 for Fused3<K> {
+    fn name(&self) -> &'static str {
+        K::NAME
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let a = Input::of(s1, l1, K::NAME)?;
+        let b = Input::of(s2, l2, K::NAME)?;
+        let c = Input::of(s3, l3, K::NAME)?;
+        let (out, shape) = self.0.forward(a, b, c)?;
+        Ok((CpuStorage::F32(out), shape))
+    }
+
+    fn bwd(
+        &self,
+        a: &Tensor,
+        b: &Tensor,
+        c: &Tensor,
+        res: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        self.0.backward(a, b, c, res, grad)
     }
 }
 

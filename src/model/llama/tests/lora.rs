@@ -107,6 +107,35 @@ fn lora_gradients_reach_every_adapter_and_no_base_weight() {
     }
 }
 
+/// The fused LoRA product (base and update in one BLAS op, gate and up
+/// together) gives the scores and adapter gradients of the update composed
+/// from candle ops; a projection whose stacked partner has no adapter (up
+/// without gate) keeps the composed update.
+#[test]
+fn fused_lora_products_match_the_composed_update() {
+    let batch = lora_batch();
+    let mut counts = Vec::new();
+    for targets in [ALL, &["q_proj", "v_proj", "up_proj"][..]] {
+        let p = lora_policy(false, targets, 0.0);
+        ops::LORA_PRODUCTS.with(|c| c.set(0));
+        let fused = super::score::scored(&p, &batch, false, None).1;
+        counts.push(ops::LORA_PRODUCTS.with(|c| c.get()));
+        let composed: Vec<f64> = super::score::scored(&p, &batch, true, None)
+            .1
+            .into_iter()
+            .map(f64::from)
+            .collect();
+        assert_close(&fused, &composed, 2e-4, &format!("{targets:?}"));
+    }
+    if !ops::blas_loaded() {
+        println!("SKIPPED (fused products): no BLAS found (scripts/install-mkl.sh)");
+        return;
+    }
+    // Every layer: q, k, v, o, gate+up, down; then q and v only.
+    assert!(counts[0] > 0 && counts[0] % 6 == 0, "{counts:?}");
+    assert_eq!(counts[1] * 3, counts[0], "{counts:?}");
+}
+
 #[test]
 fn merged_weights_compute_what_the_adapters_do() {
     for tied in [true, false] {

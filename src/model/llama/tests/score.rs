@@ -47,7 +47,7 @@ fn every_parameter_gets_a_gradient() {
 /// Scores `batch` on the composite or fused kernels with the chunk budget
 /// `chunk`; returns the log-probs, and them with the entropies and every
 /// parameter's gradient of `Σ logp + 0.3 Σ entropy`, flattened.
-fn scored(
+pub(super) fn scored(
     p: &Policy,
     batch: &ScoreBatch,
     composite: bool,
