@@ -337,21 +337,10 @@ impl Blas {
         (c, ldc): (&mut [f32], usize),
         beta: f32,
     ) {
-        // The last element each operand's view touches must be in bounds.
-        let extent = |rows: usize, cols: usize, ld: usize| {
-            if rows == 0 || cols == 0 {
-                0
-            } else {
-                (rows - 1) * ld + cols
-            }
-        };
-        let (ar, ac) = if ta { (k, m) } else { (m, k) };
-        let (br, bc) = if tb { (n, k) } else { (k, n) };
-        assert!(
-            a.len() >= extent(ar, ac, lda)
-                && b.len() >= extent(br, bc, ldb)
-                && c.len() >= extent(m, n, ldc),
-            "gemm: short operand"
+        assert_views(
+            (ta, tb),
+            (m, n, k),
+            [(a.len(), lda), (b.len(), ldb), (c.len(), ldc)],
         );
         if m == 0 || n == 0 {
             return;
@@ -404,14 +393,10 @@ impl Blas {
         if blocks <= 1 || m == 0 || n == 0 || k == 0 {
             return self.gemm_serial((ta, tb), (m, n, k), (a, lda), (b, ldb), (c, ldc), beta);
         }
-        let extent = |rows: usize, cols: usize, ld: usize| (rows - 1) * ld + cols;
-        let (ar, ac) = if ta { (k, m) } else { (m, k) };
-        let (br, bc) = if tb { (n, k) } else { (k, n) };
-        assert!(
-            a.len() >= extent(ar, ac, lda)
-                && b.len() >= extent(br, bc, ldb)
-                && c.len() >= extent(m, n, ldc),
-            "gemm_into: short operand"
+        assert_views(
+            (ta, tb),
+            (m, n, k),
+            [(a.len(), lda), (b.len(), ldb), (c.len(), ldc)],
         );
         let split_rows = m >= n || m >= 64 * blocks;
         let (len, align) = if split_rows { (m, 1) } else { (n, 16) };
@@ -715,6 +700,27 @@ fn pack_plan(n: usize) -> Vec<(usize, usize)> {
 /// (columns in multiples of 16, so every block keeps full SIMD rows), or
 /// one block below ~1 MFLOP, where the split costs more than it saves.
 /// Every block must write all of its elements.
+/// Panics unless the last element each strided view of a product touches
+/// (`A`, `B`, `C` as `(length, leading dimension)`) is in bounds.
+fn assert_views(
+    (ta, tb): (bool, bool),
+    (m, n, k): (usize, usize, usize),
+    views: [(usize, usize); 3],
+) {
+    let extent = |rows: usize, cols: usize, ld: usize| {
+        if rows == 0 || cols == 0 {
+            0
+        } else {
+            (rows - 1) * ld + cols
+        }
+    };
+    let a = if ta { (k, m) } else { (m, k) };
+    let b = if tb { (n, k) } else { (k, n) };
+    for ((rows, cols), (len, ld)) in [a, b, (m, n)].into_iter().zip(views) {
+        assert!(len >= extent(rows, cols, ld), "gemm: short operand");
+    }
+}
+
 fn par_blocks(
     m: usize,
     n: usize,
