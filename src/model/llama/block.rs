@@ -318,11 +318,9 @@ impl Policy {
                 None => Tensor::cat(&[&lw.gate, &lw.up], 0)?,
             })
         };
-        if self.fuses_lora(lw, &[Proj::Gate, Proj::Up]) {
-            let ws = [&lw.gate, &lw.up];
-            if let Some(gu) = self.lora_product(lw, &[Proj::Gate, Proj::Up], h, &ws)? {
-                return self.proj(lw, Proj::Down, &ops::swiglu(&gu)?, &lw.down, None);
-            }
+        let ws = [&lw.gate, &lw.up];
+        if let Some(gu) = self.lora_product(lw, &[Proj::Gate, Proj::Up], h, &ws)? {
+            return self.proj(lw, Proj::Down, &ops::swiglu(&gu)?, &lw.down, None);
         }
         let frozen = self.frozen_mixed(h, &[&lw.gate, &lw.up])?;
         let mut gu = match frozen {
@@ -352,43 +350,26 @@ impl Policy {
         w: &Tensor,
         bias: Option<&Tensor>,
     ) -> Result<Tensor> {
-        let fused = if self.fuses_lora(lw, &[p]) {
-            self.lora_product(lw, &[p], x, &[w])?
-        } else {
-            None
-        };
-        let was_fused = fused.is_some();
-        let y = match fused {
-            Some(y) => y,
-            None => self.base_linear(x, w)?,
+        // The fused product holds the LoRA update; else it is composed.
+        let (y, delta) = match self.lora_product(lw, &[p], x, &[w])? {
+            Some(y) => (y, None),
+            None => (self.base_linear(x, w)?, self.lora_delta(lw, p, x)?),
         };
         let y = match bias {
             Some(b) => y.broadcast_add(b)?,
             None => y,
         };
-        if was_fused {
-            return Ok(y);
-        }
-        Ok(match self.lora_delta(lw, p, x)? {
+        Ok(match delta {
             Some(d) => (y + d)?,
             None => y,
         })
     }
 
-    /// Whether the projections `ps` (stacked by rows in one base weight)
-    /// take the fused LoRA product ([`ops::lora_linear`]): every one of
-    /// them adapted, f32 products (mixed precision has its own frozen-base
-    /// path) and no LoRA dropout (which masks only the adapter's input).
-    fn fuses_lora(&self, lw: &LayerW, ps: &[Proj]) -> bool {
-        self.lora_updates_fused()
-            && ps
-                .iter()
-                .all(|p| matches!(lw.ad.get(p.index()), Some(Some(_))))
-    }
-
-    /// Whether this policy's LoRA updates run as fused products (see
-    /// [`Policy::fuses_lora`]): the memory estimate counts the composed
-    /// update's tensors only where they do not.
+    /// Whether this policy's LoRA updates can run as fused products
+    /// ([`Policy::lora_product`]): f32 CPU products with a BLAS (mixed
+    /// precision has its own frozen-base path) and no LoRA dropout (which
+    /// masks only the adapter's input). The memory estimate counts the
+    /// composed update's tensors where they do not.
     pub(in crate::model) fn lora_updates_fused(&self) -> bool {
         self.lora.as_ref().is_some_and(|cfg| cfg.dropout <= 0.0)
             && !self.mixed_precision

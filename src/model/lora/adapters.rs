@@ -274,8 +274,7 @@ impl Policy {
     /// weights `ws` of the same projections (one, or gate and up, whose
     /// outputs are then side by side), as one fused product
     /// ([`ops::lora_linear`]); `None` where a projection has no adapter or
-    /// the fused product does not apply. Dropout is the caller's to rule
-    /// out.
+    /// the fused product does not apply ([`Policy::lora_updates_fused`]).
     pub(in crate::model) fn lora_product(
         &self,
         lw: &LayerW,
@@ -283,7 +282,7 @@ impl Policy {
         x: &Tensor,
         ws: &[&Tensor],
     ) -> Result<Option<Tensor>> {
-        let Some(cfg) = self.lora() else {
+        let Some(cfg) = self.lora().filter(|_| self.lora_updates_fused()) else {
             return Ok(None);
         };
         let mut ads = Vec::with_capacity(ps.len());
