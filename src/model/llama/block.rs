@@ -38,6 +38,17 @@ const MASKED: f32 = f32::NEG_INFINITY;
 /// arithmetic. Results do not depend on it (up to float rounding).
 pub(super) const CHUNK_BUDGET: usize = 1 << 21;
 
+/// Budget (in f32 elements, as [`CHUNK_BUDGET`]) for the widest activation
+/// of one packed prefix-tree row on the fused attention path. Larger than
+/// [`CHUNK_BUDGET`] because every row runs its sequences' shared prefix
+/// (the system message, the task) again: at 2M elements SmolLM2's rows held
+/// 682 tokens, and its 8 × 8 household step ran 9,180 trunk tokens for a
+/// trie of 7,764 and prefilled 2,578 tokens for a turn's trie of 2,267.
+/// 8M (2,730 SmolLM2 tokens) holds a micro-batch or a turn's prompts in one
+/// row; its 32 MB activations stay in the allocator (which never returns
+/// freed memory, see `main.rs`), and the step ran faster with a lower peak.
+pub(super) const PACKED_ROW_BUDGET: usize = 1 << 23;
+
 thread_local! {
     /// Per-thread override of [`CHUNK_BUDGET`], for tests that force tiny chunks.
     pub(super) static CHUNK_BUDGET_OVERRIDE: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
@@ -156,15 +167,25 @@ impl Policy {
         out
     }
 
-    /// Tokens per packed prefix-tree row (`pack`), by the same budget as
-    /// [`Policy::plan_chunks`]: the fused attention keeps no scores, the
-    /// composite path keeps `(heads, t, t)` of them.
+    /// Tokens per packed prefix-tree row (`pack`): the fused attention
+    /// keeps no scores, so in a large model its widest activation fits
+    /// [`PACKED_ROW_BUDGET`];
+    /// the composite path keeps `(heads, t, t)` scores, which fit
+    /// [`Policy::plan_chunks`]' budget. A test override of that budget
+    /// applies to both.
     pub(super) fn packed_tokens(&self) -> usize {
-        let budget = chunk_budget();
         let widest = self.widest_activation();
         let nh = self.cfg.num_attention_heads;
         let fused =
             ops::fused_attention_available() && self.device.is_cpu() && self.dtype == DType::F32;
+        // Large models only: a wider row changes the order of float sums,
+        // and the built-in tiny model's runs stay bit-identical.
+        let wide = fused && self.product_elems() >= crate::model::kernels::LARGE_MODEL_ELEMS;
+        let budget = CHUNK_BUDGET_OVERRIDE.with(|c| c.get()).unwrap_or(if wide {
+            PACKED_ROW_BUDGET
+        } else {
+            CHUNK_BUDGET
+        });
         let mut t = (budget / widest).max(1);
         if !fused {
             while t > 1 && t * (nh * t).max(widest) > budget {

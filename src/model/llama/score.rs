@@ -4,10 +4,12 @@
 use candle_core::{DType, Tensor};
 
 use std::cell::OnceCell;
+use std::collections::HashMap;
 
 use super::block::AttnMask;
 use super::{pack, Policy, Weights};
 use crate::model::error::{ModelError, Result};
+use crate::model::kernels::LARGE_MODEL_ELEMS;
 use crate::model::ops;
 
 /// Sequences to score, right-padded internally.
@@ -95,19 +97,22 @@ impl Policy {
             w = w.map(&|t| Ok(t.detach()))?;
         }
         let w = &w;
-        let (hidden, trunk_tokens) = if batch.share_prefixes {
+        let heads = if batch.share_prefixes {
             self.packed_hidden(w, batch, &rows, n_targets)?
         } else {
             self.target_hidden(w, batch, &rows, n_targets)?
         };
-        let tgt: Vec<u32> = batch
-            .seqs
-            .iter()
-            .zip(&batch.targets)
-            .flat_map(|(s, tg)| tg.iter().map(move |&p| s[p]))
-            .collect();
-        let logits = self.head(w, &hidden)?;
-        let both = ops::logp_entropy(&logits, &tgt, 1.0 / batch.temperature)?;
+        #[cfg(test)]
+        HEAD_ROWS.with(|c| c.set(c.get() + heads.labels.len()));
+        let logits = self.head(w, &heads.hidden)?;
+        let mut both = ops::logp_entropy(&logits, &heads.labels, 1.0 / batch.temperature)?;
+        if let Some(rows) = heads.expand {
+            let n = rows.len();
+            both = both
+                .contiguous()?
+                .index_select(&Tensor::from_vec(rows, n, &self.device)?, 0)?;
+        }
+        let trunk_tokens = heads.trunk_tokens;
         let logp = both.narrow(1, 0, 1)?.squeeze(1)?.contiguous()?;
         let entropy = both.narrow(1, 1, 1)?.squeeze(1)?.contiguous()?;
         Ok(ScoreOutput {
@@ -166,7 +171,7 @@ impl Policy {
         batch: &ScoreBatch,
         rows: &[(usize, usize)],
         n_targets: usize,
-    ) -> Result<(Tensor, usize)> {
+    ) -> Result<HeadRows> {
         let first = first_outputs(batch, rows);
         // Longest first, so each chunk is padded only to its own longest.
         let mut order: Vec<usize> = (0..rows.len()).collect();
@@ -194,36 +199,65 @@ impl Policy {
             let rope = self.rope_tables(&positions, 1, t);
             parts.push(self.trunk_rows(w, &ids, (b, t), &rope, AttnMask::Causal, sel)?);
         }
-        Ok((self.in_output_order(parts, &gathered)?, tokens))
+        Ok(HeadRows {
+            hidden: self.in_output_order(parts, &gathered)?,
+            labels: output_labels(batch),
+            expand: None,
+            trunk_tokens: tokens,
+        })
     }
 
     /// [`Policy::target_hidden`] over packed prefix trees: rows sorted so
     /// that sequences sharing a prefix are neighbours, each chunk of them
     /// one packed row (`pack`), masked so every token sees its own
     /// sequence alone.
+    ///
+    /// In a large model, a target that another one in the same packed row
+    /// repeats (the same token after the same prefix: a group's rollouts
+    /// that replay the same expert turns) goes through the LM head once,
+    /// and its log-prob and entropy are copied to each (their gradients
+    /// summed): on SmolLM2's 8 × 8 household step, 1,011 head rows for
+    /// 4,566 targets. Small models keep one row per target, so the built-in
+    /// tiny model's runs stay bit-identical.
     fn packed_hidden(
         &self,
         w: &Weights,
         batch: &ScoreBatch,
         rows: &[(usize, usize)],
         n_targets: usize,
-    ) -> Result<(Tensor, usize)> {
+    ) -> Result<HeadRows> {
         let first = first_outputs(batch, rows);
         let seqs: Vec<&[u32]> = rows.iter().map(|&(i, len)| &batch.seqs[i][..len]).collect();
         let (order, chunks) = pack::plan(&seqs, self.packed_tokens());
+        let dedup = self.product_elems() >= LARGE_MODEL_ELEMS;
         let mut parts = Vec::new();
         let mut tokens = 0;
         let mut gathered = Vec::with_capacity(n_targets);
+        // With `dedup`: each head row's label, and each output's head row.
+        let mut labels = Vec::new();
+        let mut expand = vec![0u32; if dedup { n_targets } else { 0 }];
         for chunk in chunks {
             let rs = &order[chunk];
             let chunk_seqs: Vec<&[u32]> = rs.iter().map(|&r| seqs[r]).collect();
             let p = pack::pack(&chunk_seqs);
             let mut sel = Vec::new();
+            let mut seen: HashMap<(usize, u32), u32> = HashMap::new();
             for (k, &r) in rs.iter().enumerate() {
                 let i = rows[r].0;
                 for (j, &pos) in batch.targets[i].iter().enumerate() {
-                    sel.push(p.node[k][pos - 1] as u32);
-                    gathered.push(first[r] + j);
+                    let node = p.node[k][pos - 1];
+                    if dedup {
+                        let label = batch.seqs[i][pos];
+                        let row = *seen.entry((node, label)).or_insert_with(|| {
+                            sel.push(node as u32);
+                            labels.push(label);
+                            (labels.len() - 1) as u32
+                        });
+                        expand[first[r] + j] = row;
+                    } else {
+                        sel.push(node as u32);
+                        gathered.push(first[r] + j);
+                    }
                 }
             }
             let t = p.ids.len();
@@ -236,8 +270,21 @@ impl Policy {
             };
             parts.push(self.trunk_rows(w, &p.ids, (1, t), &rope, tree, sel)?);
         }
+        if dedup {
+            return Ok(HeadRows {
+                hidden: Tensor::cat(&parts, 0)?,
+                labels,
+                expand: Some(expand),
+                trunk_tokens: tokens,
+            });
+        }
         debug_assert_eq!(gathered.len(), n_targets);
-        Ok((self.in_output_order(parts, &gathered)?, tokens))
+        Ok(HeadRows {
+            hidden: self.in_output_order(parts, &gathered)?,
+            labels: output_labels(batch),
+            expand: None,
+            trunk_tokens: tokens,
+        })
     }
 
     /// Runs the trunk over `ids` (`b` rows of `t` tokens) and keeps the
@@ -284,6 +331,36 @@ impl Policy {
             hidden.index_select(&Tensor::from_vec(perm, n, &self.device)?, 0)?
         })
     }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Rows this thread's scoring passed through the LM head.
+    pub(super) static HEAD_ROWS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// The hidden rows the LM head scores, and how its results map to the
+/// targets.
+struct HeadRows {
+    /// `(rows, hidden)`: the pre-norm hidden rows that predict targets.
+    hidden: Tensor,
+    /// The token each row scores.
+    labels: Vec<u32>,
+    /// Each target's row (targets flattened sequence by sequence), where
+    /// rows are shared; `None` where row `k` is target `k`'s.
+    expand: Option<Vec<u32>>,
+    /// Tokens the trunk ran.
+    trunk_tokens: usize,
+}
+
+/// The target tokens, flattened sequence by sequence.
+fn output_labels(batch: &ScoreBatch) -> Vec<u32> {
+    batch
+        .seqs
+        .iter()
+        .zip(&batch.targets)
+        .flat_map(|(s, tg)| tg.iter().map(move |&p| s[p]))
+        .collect()
 }
 
 /// Output offset of each row's first target.

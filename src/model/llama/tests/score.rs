@@ -183,6 +183,103 @@ fn packed_prefix_scoring_matches_per_sequence_scoring() {
     }
 }
 
+/// In a large model, packed scoring sends a target that another one in
+/// its packed row repeats (the same token after the same prefix) through
+/// the LM head once: the log-probs, entropies and gradients of a weighted
+/// loss are those of one head row per target.
+#[test]
+fn repeated_targets_share_a_head_row_with_the_same_scores_and_gradients() {
+    // Large enough (≥ 16M product weights) to take the shared head rows.
+    let cfg = ModelConfig {
+        hidden_size: 512,
+        intermediate_size: 2048,
+        num_hidden_layers: 5,
+        num_attention_heads: 8,
+        num_key_value_heads: 4,
+        initializer_range: 0.05,
+        ..tiny_cfg(false)
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(41);
+    let p = Policy::new_random(&cfg, &mut rng, &Device::Cpu).unwrap();
+    assert!(p.product_elems() >= crate::model::kernels::LARGE_MODEL_ELEMS);
+    let prompt = rand_seq(&mut rng, 10, 50);
+    let with = |tail: &[u32]| [&prompt[..], tail].concat();
+    let (a, b) = (rand_seq(&mut rng, 4, 50), rand_seq(&mut rng, 5, 50));
+    // Copies of one sequence (a group replaying the same expert turn), a
+    // sequence branching from it after 12 tokens, one sharing the prompt
+    // alone, and one sharing nothing.
+    let mut branch = with(&a);
+    branch[12] = if branch[12] == 7 { 8 } else { 7 };
+    let seqs = vec![
+        with(&a),
+        with(&a),
+        branch,
+        with(&b),
+        with(&a),
+        rand_seq(&mut rng, 8, 50),
+    ];
+    // Positions 11..14 repeat across the copies; position 12 of the branch
+    // shares its predicting row but not its token; 10 is shared by all
+    // sequences on the prompt; the copies also repeat a position within
+    // one target list.
+    let targets = vec![
+        vec![10, 11, 12, 13],
+        vec![13, 12, 11, 10, 12],
+        vec![10, 11, 12, 13],
+        vec![10, 11, 14],
+        vec![11],
+        vec![3, 7],
+    ];
+    let unique: std::collections::HashSet<Vec<u32>> = seqs
+        .iter()
+        .zip(&targets)
+        .flat_map(|(s, tg)| tg.iter().map(|&t| s[..=t].to_vec()))
+        .collect();
+    let n: usize = targets.iter().map(Vec::len).sum();
+    let wl: Vec<f32> = (0..n).map(|_| rng.random_range(-1.0..1.0)).collect();
+    let we: Vec<f32> = (0..n).map(|_| rng.random_range(-1.0..1.0)).collect();
+    let run = |share: bool| {
+        let batch = ScoreBatch {
+            seqs: seqs.clone(),
+            targets: targets.clone(),
+            temperature: 0.9,
+            share_prefixes: share,
+        };
+        crate::model::llama::score::HEAD_ROWS.with(|c| c.set(0));
+        let out = p.score(&batch).unwrap();
+        let rows = crate::model::llama::score::HEAD_ROWS.with(|c| c.get());
+        let t = |v: &[f32]| Tensor::new(v, &Device::Cpu).unwrap();
+        let loss = ((&out.logp * t(&wl)).unwrap().sum_all().unwrap()
+            + (&out.entropy * t(&we)).unwrap().sum_all().unwrap())
+        .unwrap();
+        let grads = loss.backward().unwrap();
+        let mut flat: Vec<f32> = out.logp.to_vec1().unwrap();
+        flat.extend(out.entropy.to_vec1::<f32>().unwrap());
+        let mut grad = Vec::new();
+        for (name, v) in p.named_vars() {
+            let g = grads.get(v.as_tensor());
+            let g = g.unwrap_or_else(|| panic!("no grad for {name}"));
+            grad.extend(g.flatten_all().unwrap().to_vec1::<f32>().unwrap());
+        }
+        (rows, flat, grad)
+    };
+    let (plain_rows, plain, plain_grad) = run(false);
+    let (shared_rows, shared, shared_grad) = run(true);
+    assert_eq!(plain_rows, n);
+    assert_eq!(shared_rows, unique.len());
+    assert!(shared_rows < n);
+    let f64s = |v: &[f32]| v.iter().map(|&x| f64::from(x)).collect::<Vec<_>>();
+    assert_close(&shared, &f64s(&plain), 1e-4, "shared head rows: scores");
+    let scale = plain_grad.iter().fold(0f32, |m, x| m.max(x.abs()));
+    assert!(scale > 0.0);
+    assert_close(
+        &shared_grad,
+        &f64s(&plain_grad),
+        1e-3 * f64::from(scale),
+        "shared head rows: gradients",
+    );
+}
+
 #[test]
 fn score_matches_reference_forward() {
     for tied in [true, false] {
