@@ -275,16 +275,7 @@ fn generation_ends_where_the_stop_check_says_so() {
 
 #[test]
 fn prompts_sharing_prefixes_are_prefilled_once_and_decode_as_if_alone() {
-    // Large enough (≥ 16M product weights) to take the shared prefill.
-    let cfg = ModelConfig {
-        hidden_size: 512,
-        intermediate_size: 2048,
-        num_hidden_layers: 5,
-        num_attention_heads: 8,
-        num_key_value_heads: 4,
-        initializer_range: 0.05,
-        ..tiny_cfg(true)
-    };
+    let cfg = large_cfg(true);
     let mut rng = ChaCha8Rng::seed_from_u64(5);
     let p = Policy::new_random(&cfg, &mut rng, &Device::Cpu).unwrap();
     assert!(p.product_elems() >= crate::model::kernels::LARGE_MODEL_ELEMS);

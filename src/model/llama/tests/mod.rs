@@ -22,6 +22,21 @@ mod reference;
 mod score;
 mod weights;
 
+/// [`tiny_cfg`] widened past `kernels::LARGE_MODEL_ELEMS` (≥ 16M product
+/// weights), for the paths only large models take (shared prefill, wide
+/// packed rows, shared LM-head rows).
+fn large_cfg(tied: bool) -> ModelConfig {
+    ModelConfig {
+        hidden_size: 512,
+        intermediate_size: 2048,
+        num_hidden_layers: 5,
+        num_attention_heads: 8,
+        num_key_value_heads: 4,
+        initializer_range: 0.05,
+        ..tiny_cfg(tied)
+    }
+}
+
 fn tiny_cfg(tied: bool) -> ModelConfig {
     ModelConfig {
         tie_word_embeddings: tied,

@@ -189,16 +189,7 @@ fn packed_prefix_scoring_matches_per_sequence_scoring() {
 /// loss are those of one head row per target.
 #[test]
 fn repeated_targets_share_a_head_row_with_the_same_scores_and_gradients() {
-    // Large enough (≥ 16M product weights) to take the shared head rows.
-    let cfg = ModelConfig {
-        hidden_size: 512,
-        intermediate_size: 2048,
-        num_hidden_layers: 5,
-        num_attention_heads: 8,
-        num_key_value_heads: 4,
-        initializer_range: 0.05,
-        ..tiny_cfg(false)
-    };
+    let cfg = large_cfg(false);
     let mut rng = ChaCha8Rng::seed_from_u64(41);
     let p = Policy::new_random(&cfg, &mut rng, &Device::Cpu).unwrap();
     assert!(p.product_elems() >= crate::model::kernels::LARGE_MODEL_ELEMS);
