@@ -177,7 +177,7 @@ fn bf16_pays(policy: &Policy, cpu: &CpuInfo) -> (bool, String) {
             "default f32: AMX-BF16 but no BLAS with bf16 products (scripts/install-mkl.sh)".into(),
         );
     }
-    if policy.product_elems() < LARGE_MODEL_ELEMS {
+    if !policy.is_large() {
         return (
             false,
             "default f32: the model fits the caches, where bf16 has nothing to win".into(),

@@ -13,7 +13,6 @@ use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
 use crate::distributed::{shard, Collective, Single};
-use crate::model::kernels::LARGE_MODEL_ELEMS;
 use crate::model::memory::{MicroCost, HEAD_ROWS};
 use crate::model::{lcp, Policy, ScoreBatch, ScoreOutput};
 
@@ -400,7 +399,7 @@ impl Trainer {
     /// stay bit-identical.
     fn micro_fill(&self, policy: &Policy, seqs: &[(&[u32], usize)]) -> Fill {
         let share = self.cfg.share_prefixes;
-        if !share || policy.product_elems() < LARGE_MODEL_ELEMS {
+        if !share || !policy.is_large() {
             return Fill::Count { share };
         }
         let longest = seqs.iter().map(|s| s.0.len()).max().unwrap_or(0);

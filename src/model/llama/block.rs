@@ -169,8 +169,8 @@ impl Policy {
 
     /// Tokens per packed prefix-tree row (`pack`): the fused attention
     /// keeps no scores, so in a large model its widest activation fits
-    /// [`PACKED_ROW_BUDGET`];
-    /// the composite path keeps `(heads, t, t)` scores, which fit
+    /// [`PACKED_ROW_BUDGET`]; the composite path keeps `(heads, t, t)`
+    /// scores, which fit
     /// [`Policy::plan_chunks`]' budget. A test override of that budget
     /// applies to both.
     pub(super) fn packed_tokens(&self) -> usize {
@@ -180,7 +180,7 @@ impl Policy {
             ops::fused_attention_available() && self.device.is_cpu() && self.dtype == DType::F32;
         // Large models only: a wider row changes the order of float sums,
         // and the built-in tiny model's runs stay bit-identical.
-        let wide = fused && self.product_elems() >= crate::model::kernels::LARGE_MODEL_ELEMS;
+        let wide = fused && self.is_large();
         let budget = CHUNK_BUDGET_OVERRIDE.with(|c| c.get()).unwrap_or(if wide {
             PACKED_ROW_BUDGET
         } else {

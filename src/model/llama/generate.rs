@@ -12,7 +12,6 @@ use super::block::AttnMask;
 use super::cache::{self, LayerCache};
 use super::{pack, Policy, Weights};
 use crate::model::error::{ModelError, Result};
-use crate::model::kernels::LARGE_MODEL_ELEMS;
 use crate::model::sampler::{Prepared, Sampler};
 use crate::model::trie::TokenTrie;
 
@@ -202,7 +201,7 @@ impl Policy {
         // tree; each row's cache is gathered from it. Not in small models,
         // whose products round by batch shape: there the saving is nil and
         // the built-in tiny model's runs stay bit-identical.
-        if self.product_elems() >= LARGE_MODEL_ELEMS {
+        if self.is_large() {
             return self.prefill_shared(w, prompts, active, p_len, capacity);
         }
         let lens: Vec<usize> = active.iter().map(|&i| prompts[i].len()).collect();

@@ -461,6 +461,16 @@ impl Policy {
                 .sum::<usize>()
     }
 
+    /// Whether the model counts as large (`kernels::LARGE_MODEL_ELEMS`
+    /// product weights or more). Only large models take the paths whose
+    /// float sums depend on batch layout (packed f32 weights, shared
+    /// prefill, wide packed rows, shared LM-head rows, micro-batches filled
+    /// by memory, bf16 by default), so small ones such as the built-in tiny
+    /// model stay bit-identical.
+    pub fn is_large(&self) -> bool {
+        self.product_elems() >= crate::model::kernels::LARGE_MODEL_ELEMS
+    }
+
     /// Number of trainable scalars: every weight for full training, the
     /// adapters alone under LoRA, 0 for a frozen copy.
     pub fn num_trainable_params(&self) -> usize {

@@ -9,7 +9,6 @@ use std::collections::HashMap;
 use super::block::AttnMask;
 use super::{pack, Policy, Weights};
 use crate::model::error::{ModelError, Result};
-use crate::model::kernels::LARGE_MODEL_ELEMS;
 use crate::model::ops;
 
 /// Sequences to score, right-padded internally.
@@ -229,7 +228,7 @@ impl Policy {
         let first = first_outputs(batch, rows);
         let seqs: Vec<&[u32]> = rows.iter().map(|&(i, len)| &batch.seqs[i][..len]).collect();
         let (order, chunks) = pack::plan(&seqs, self.packed_tokens());
-        let dedup = self.product_elems() >= LARGE_MODEL_ELEMS;
+        let dedup = self.is_large();
         let mut parts = Vec::new();
         let mut tokens = 0;
         let mut gathered = Vec::with_capacity(n_targets);
