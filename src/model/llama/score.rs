@@ -102,7 +102,7 @@ impl Policy {
             self.target_hidden(w, batch, &rows, n_targets)?
         };
         #[cfg(test)]
-        HEAD_ROWS.with(|c| c.set(c.get() + heads.labels.len()));
+        HEAD_ROWS_SCORED.with(|c| c.set(c.get() + heads.labels.len()));
         let logits = self.head(w, &heads.hidden)?;
         let mut both = ops::logp_entropy(&logits, &heads.labels, 1.0 / batch.temperature)?;
         if let Some(rows) = heads.expand {
@@ -335,7 +335,7 @@ impl Policy {
 #[cfg(test)]
 thread_local! {
     /// Rows this thread's scoring passed through the LM head.
-    pub(super) static HEAD_ROWS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    pub(super) static HEAD_ROWS_SCORED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
 /// The hidden rows the LM head scores, and how its results map to the

@@ -278,7 +278,7 @@ fn prompts_sharing_prefixes_are_prefilled_once_and_decode_as_if_alone() {
     let cfg = large_cfg(true);
     let mut rng = ChaCha8Rng::seed_from_u64(5);
     let p = Policy::new_random(&cfg, &mut rng, &Device::Cpu).unwrap();
-    assert!(p.product_elems() >= crate::model::kernels::LARGE_MODEL_ELEMS);
+    assert!(p.is_large());
     let base = prompts_of(&[7, 4, 9, 5], 21);
     let with = |a: &[u32], b: &[u32]| [a, b].concat();
     // Equal prompts, prompts sharing a prefix of several lengths, one

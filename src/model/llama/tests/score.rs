@@ -192,7 +192,7 @@ fn repeated_targets_share_a_head_row_with_the_same_scores_and_gradients() {
     let cfg = large_cfg(false);
     let mut rng = ChaCha8Rng::seed_from_u64(41);
     let p = Policy::new_random(&cfg, &mut rng, &Device::Cpu).unwrap();
-    assert!(p.product_elems() >= crate::model::kernels::LARGE_MODEL_ELEMS);
+    assert!(p.is_large());
     let prompt = rand_seq(&mut rng, 10, 50);
     let with = |tail: &[u32]| [&prompt[..], tail].concat();
     let (a, b) = (rand_seq(&mut rng, 4, 50), rand_seq(&mut rng, 5, 50));
@@ -236,9 +236,9 @@ fn repeated_targets_share_a_head_row_with_the_same_scores_and_gradients() {
             temperature: 0.9,
             share_prefixes: share,
         };
-        crate::model::llama::score::HEAD_ROWS.with(|c| c.set(0));
+        crate::model::llama::score::HEAD_ROWS_SCORED.with(|c| c.set(0));
         let out = p.score(&batch).unwrap();
-        let rows = crate::model::llama::score::HEAD_ROWS.with(|c| c.get());
+        let rows = crate::model::llama::score::HEAD_ROWS_SCORED.with(|c| c.get());
         let t = |v: &[f32]| Tensor::new(v, &Device::Cpu).unwrap();
         let loss = ((&out.logp * t(&wl)).unwrap().sum_all().unwrap()
             + (&out.entropy * t(&we)).unwrap().sum_all().unwrap())
