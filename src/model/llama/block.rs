@@ -346,7 +346,10 @@ impl Policy {
         let frozen = self.frozen_mixed(h, &[&lw.gate, &lw.up])?;
         let mut gu = match frozen {
             Some(gu) => gu,
-            None => self.base_linear(h, &gu_w()?)?,
+            None => match self.mixed_pair(lw, h)? {
+                Some(gu) => gu,
+                None => self.base_linear(h, &gu_w()?)?,
+            },
         };
         let (dg, du) = (
             self.lora_delta(lw, Proj::Gate, h)?,
@@ -421,6 +424,16 @@ impl Policy {
         } else {
             linear(x, w)
         }
+    }
+
+    /// Without LoRA, with mixed precision, in the pass that trains: `h`
+    /// times the stacked gate and up weights, rounded to bf16 straight from
+    /// the two (no f32 `cat` of them per pass); `None` elsewhere.
+    fn mixed_pair(&self, lw: &LayerW, h: &Tensor) -> Result<Option<Tensor>> {
+        if !(self.mixed_precision && self.lora.is_none() && h.track_op() && lw.gu.is_none()) {
+            return Ok(None);
+        }
+        ops::mixed_linear_pair(h, &lw.gate, &lw.up)
     }
 
     /// Under LoRA with mixed precision, in the pass that trains: `x` times

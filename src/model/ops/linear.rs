@@ -10,9 +10,9 @@ use std::sync::{Arc, LazyLock, Mutex};
 
 use candle_core::TensorId;
 
-use super::blas::{bf16_vec, blas, rust_gemm_for, wide_rust_gemm, Blas, PackedBf16};
+use super::blas::{bf16_vec, bf16_vec_of, blas, rust_gemm_for, wide_rust_gemm, Blas, PackedBf16};
 use super::skinny::{self, PackedF32};
-use super::{f32_slice, fused, Fused1, Fused2, Input, Kernel1, Kernel2};
+use super::{f32_slice, fused, Fused1, Fused2, Fused3, Input, Kernel1, Kernel2, Kernel3};
 use crate::model::error::Result;
 
 /// `x (rows, in) @ wᵀ` for an HF `(out, in)` weight, differentiable in both.
@@ -69,6 +69,108 @@ pub(crate) fn mixed_linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
             saved: Mutex::new(None),
         }),
     )?)
+}
+
+/// [`mixed_linear`] against two weights stacked by rows, `x [w1; w2]ᵀ`
+/// (the fused gate/up of a trained MLP), without the f32 stack: both are
+/// rounded straight into one bf16 operand, and the backward's one weight
+/// product is split into the two weights' gradients as views. `None`
+/// where [`mixed_linear`] would not run.
+pub(crate) fn mixed_linear_pair(x: &Tensor, w1: &Tensor, w2: &Tensor) -> Result<Option<Tensor>> {
+    let Some(blas) = blas().filter(|b| b.has_bf16()) else {
+        return Ok(None);
+    };
+    if !(fused(x) && fused(w1) && fused(w2) && x.rank() == 2 && w1.rank() == 2 && w2.rank() == 2) {
+        return Ok(None);
+    }
+    #[cfg(test)]
+    PAIR_PRODUCTS.with(|c| c.set(c.get() + 1));
+    Ok(Some(x.contiguous()?.apply_op3(
+        &w1.contiguous()?,
+        &w2.contiguous()?,
+        Fused3(MixedPair {
+            blas,
+            saved: Mutex::new(None),
+        }),
+    )?))
+}
+
+/// `y = x [w1; w2]ᵀ` on bf16 operands ([`mixed_linear_pair`]).
+struct MixedPair {
+    blas: &'static Blas,
+    saved: Mutex<Option<(Vec<u16>, Vec<u16>)>>,
+}
+
+impl Kernel3 for MixedPair {
+    const NAME: &'static str = "actguide-mixed-linear-pair";
+
+    fn forward(
+        &self,
+        x: Input<'_>,
+        w1: Input<'_>,
+        w2: Input<'_>,
+    ) -> candle_core::Result<(Vec<f32>, Shape)> {
+        let ((m, k), (n1, k1), (n2, k2)) = (x.shape.dims2()?, w1.shape.dims2()?, w2.shape.dims2()?);
+        if k != k1 || k != k2 {
+            candle_core::bail!(
+                "{}: x {:?} against w {:?} and {:?}",
+                Self::NAME,
+                x.shape,
+                w1.shape,
+                w2.shape
+            );
+        }
+        let n = n1 + n2;
+        let (xb, wb) = (bf16_vec(x.data), bf16_vec_of(&[w1.data, w2.data]));
+        let y = self
+            .blas
+            .gemm_bf16(false, true, m, n, k, &xb, &wb)
+            .expect("checked has_bf16");
+        *self.saved.lock().unwrap_or_else(|e| e.into_inner()) = Some((xb, wb));
+        Ok((y, Shape::from((m, n))))
+    }
+
+    fn backward(
+        &self,
+        x: &Tensor,
+        w1: &Tensor,
+        w2: &Tensor,
+        _res: &Tensor,
+        dy: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let ((m, k), n1, n2) = (x.dims2()?, w1.dim(0)?, w2.dim(0)?);
+        let n = n1 + n2;
+        let Some((xb, wb)) = self.saved.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+            candle_core::bail!("{}: backward without a forward", Self::NAME)
+        };
+        let dy = with_f32(&dy.contiguous()?, bf16_vec)?;
+        let product = |ta, tb, m, n, k, a: &[u16], b: &[u16]| {
+            self.blas
+                .gemm_bf16(ta, tb, m, n, k, a, b)
+                .expect("checked has_bf16")
+        };
+        let dx = if x.track_op() {
+            let v = product(false, false, m, k, n, &dy, &wb);
+            Some(Tensor::from_vec(v, (m, k), &Device::Cpu)?)
+        } else {
+            None
+        };
+        let (dw1, dw2) = if w1.track_op() || w2.track_op() {
+            // Both halves from one product; row views of it (contiguous).
+            let dw = Tensor::from_vec(
+                product(true, false, n, k, m, &dy, &xb),
+                (n, k),
+                &Device::Cpu,
+            )?;
+            (
+                w1.track_op().then(|| dw.narrow(0, 0, n1)).transpose()?,
+                w2.track_op().then(|| dw.narrow(0, n1, n2)).transpose()?,
+            )
+        } else {
+            (None, None)
+        };
+        Ok((dx, dw1, dw2))
+    }
 }
 
 /// A frozen weight `(n, k)` rounded to bf16 once (a LoRA base under mixed
@@ -692,6 +794,12 @@ impl Drop for PackedWeights {
     fn drop(&mut self) {
         unregister(self.packs.iter().map(|p| p.0));
     }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Stacked-pair products ([`mixed_linear_pair`]) this thread ran.
+    pub(crate) static PAIR_PRODUCTS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use candle_core::{Shape, Tensor, D};
 
 use super::expf::exp_in_place;
-use super::{fused, par_rows, Fused1, Fused2, Input, Kernel1, Kernel2};
+use super::{fused, par_rows_new, par_rows_work, Fused1, Fused2, Input, Kernel1, Kernel2};
 use crate::model::error::{ModelError, Result};
 
 /// For logits `(n, vocab)`, targets (`n` ids) and `scale = 1 / temperature`:
@@ -92,7 +92,7 @@ impl Kernel1 for LogpEntropy {
         let scale = self.scale;
         let targets = &self.targets[..];
         let mut out = vec![0f32; n * 4];
-        par_rows(&mut out, 4, |r, o| {
+        par_rows_work(&mut out, 4, v, |r, o| {
             let row = &x[r * v..(r + 1) * v];
             let (m, lse, mean_d) = row_stats(row, scale);
             let dt = (row[targets[r] as usize] * scale - m) as f64;
@@ -149,8 +149,7 @@ impl Kernel2 for LogpEntropyBwd {
         let (x, gp) = (logits.data, gp.data);
         let scale = self.scale;
         let targets = &self.targets[..];
-        let mut out = vec![0f32; n * v];
-        par_rows(&mut out, v, |r, o| {
+        let out = par_rows_new(n, v, |r, o| {
             let row = &x[r * v..(r + 1) * v];
             let st = &gp[r * 5..r * 5 + 5];
             let (g_lp, g_h, h, m, lse) = (st[0], st[1], st[2], st[3], st[4]);

@@ -40,7 +40,7 @@ pub use blas::matmul_backend;
 pub(crate) use bmm::bmm;
 pub(crate) use linear::{
     bf16_rollouts_available, f32_rollout_packs, frozen_linear, linear, mixed_frozen_linear,
-    mixed_linear, FrozenBf16, PackedWeights,
+    mixed_linear, mixed_linear_pair, FrozenBf16, PackedWeights,
 };
 pub use linear::{
     cpu_has_amx_bf16, decode_kernel, mixed_precision_available, packed_f32_rollout_bytes,
@@ -54,7 +54,7 @@ pub(crate) use softmax::causal_softmax;
 pub(crate) use swiglu::swiglu;
 #[cfg(test)]
 pub(crate) use {
-    linear::{is_packed, PACKED_PRODUCTS, PACK_MIN_ELEMS_OVERRIDE},
+    linear::{is_packed, PACKED_PRODUCTS, PACK_MIN_ELEMS_OVERRIDE, PAIR_PRODUCTS},
     logp::logp_entropy_composite,
     lora::{blas_loaded, LORA_PRODUCTS},
     rope::rope_heads_first_composite,
@@ -79,7 +79,8 @@ fn fused(x: &Tensor) -> bool {
     x.device().is_cpu() && x.dtype() == DType::F32
 }
 
-/// Below this many elements the kernels run on the calling thread.
+/// Below this much work (elements touched) the kernels run on the calling
+/// thread.
 const PAR_MIN_ELEMS: usize = 1 << 16;
 
 /// Runs `f(row_index, row)` over the rows of `out`, split across the
@@ -87,12 +88,24 @@ const PAR_MIN_ELEMS: usize = 1 << 16;
 /// per op faulted in a new 2 MB huge-page stack each time, which the kernel
 /// zeroes; that was ~15 % of a SmolLM2 train step in `perf`.)
 fn par_rows(out: &mut [f32], row_len: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
+    par_rows_work(out, row_len, row_len, f);
+}
+
+/// [`par_rows`] for rows whose work is not their length: `row_work`
+/// elements read per row (a row of 4 statistics over a 49k-logit row must
+/// not run on one thread because its output is small).
+fn par_rows_work(
+    out: &mut [f32],
+    row_len: usize,
+    row_work: usize,
+    f: impl Fn(usize, &mut [f32]) + Sync,
+) {
     if row_len == 0 {
         return;
     }
     let n_rows = out.len() / row_len;
     let threads = rayon::current_num_threads().min(n_rows).max(1);
-    if threads <= 1 || out.len() < PAR_MIN_ELEMS {
+    if threads <= 1 || n_rows * row_len.max(row_work) < PAR_MIN_ELEMS {
         for (r, row) in out.chunks_mut(row_len).enumerate() {
             f(r, row);
         }
@@ -109,6 +122,49 @@ fn par_rows(out: &mut [f32], row_len: usize, f: impl Fn(usize, &mut [f32]) + Syn
             });
         }
     });
+}
+
+/// A new buffer of `rows * row_len` elements, each row filled by `f(row_index,
+/// row)` across the pool as [`par_rows`] does. Each row is zeroed by the
+/// thread that fills it, just before: `vec![0; n]` zeroed the whole buffer
+/// on the calling thread first (for the logits' gradient, 200 MB at batch 8
+/// on SmolLM2, a serial `memset` while the pool waited).
+fn par_rows_new(rows: usize, row_len: usize, f: impl Fn(usize, &mut [f32]) + Sync) -> Vec<f32> {
+    let len = rows * row_len;
+    let mut out: Vec<f32> = Vec::with_capacity(len);
+    if row_len > 0 {
+        let spare = &mut out.spare_capacity_mut()[..len];
+        let fill = |r: usize, row: &mut [std::mem::MaybeUninit<f32>]| {
+            for v in row.iter_mut() {
+                v.write(0.0);
+            }
+            // SAFETY: every element of `row` was just initialised, and
+            // `MaybeUninit<f32>` has `f32`'s layout.
+            let row = unsafe { &mut *(row as *mut [std::mem::MaybeUninit<f32>] as *mut [f32]) };
+            f(r, row);
+        };
+        let threads = rayon::current_num_threads().min(rows).max(1);
+        if threads <= 1 || len < PAR_MIN_ELEMS {
+            for (r, row) in spare.chunks_mut(row_len).enumerate() {
+                fill(r, row);
+            }
+        } else {
+            let rows_per = rows.div_ceil(threads);
+            rayon::scope(|sc| {
+                for (ci, chunk) in spare.chunks_mut(rows_per * row_len).enumerate() {
+                    let fill = &fill;
+                    sc.spawn(move |_| {
+                        for (k, row) in chunk.chunks_mut(row_len).enumerate() {
+                            fill(ci * rows_per + k, row);
+                        }
+                    });
+                }
+            });
+        }
+    }
+    // SAFETY: the loops above initialised all `len` elements.
+    unsafe { out.set_len(len) };
+    out
 }
 
 /// The f32 elements of a CPU storage; any other dtype is an error naming
@@ -202,16 +258,18 @@ trait Kernel3: Send + Sync {
         c: Input<'_>,
     ) -> candle_core::Result<(Vec<f32>, Shape)>;
 
-    /// `CustomOp3::bwd`.
+    /// `CustomOp3::bwd`; the default (candle's) has no backward.
     #[allow(clippy::type_complexity)]
     fn backward(
         &self,
-        a: &Tensor,
-        b: &Tensor,
-        c: &Tensor,
-        res: &Tensor,
-        grad_res: &Tensor,
-    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)>;
+        _a: &Tensor,
+        _b: &Tensor,
+        _c: &Tensor,
+        _res: &Tensor,
+        _grad_res: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        Err(candle_core::Error::BackwardNotSupported { op: Self::NAME })
+    }
 }
 
 /// A [`Kernel1`] as a candle custom op: checks that the input is a

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use candle_core::{Device, Shape, Tensor, D};
 
-use super::{fused, par_rows, Fused1, Input, Kernel1};
+use super::{fused, par_rows_new, Fused1, Input, Kernel1};
 use crate::model::error::{ModelError, Result};
 
 /// Rotary cos/sin values for a batch: `rows` (1 = shared by every sequence,
@@ -118,8 +118,7 @@ impl Kernel1 for Rope {
         let tb = &self.tables;
         let (cos, sin) = (&tb.cos[..], &tb.sin[..]);
         let inverse = self.inverse;
-        let mut out = vec![0f32; x.len()];
-        par_rows(&mut out, d, |r, row| {
+        let out = par_rows_new(x.len() / d.max(1), d, |r, row| {
             // Output row r: forward (bi, hi, ti); inverse (bi, ti, hi).
             let (bi, hi, ti) = if inverse {
                 (r / (t * h), r % h, (r / h) % t)

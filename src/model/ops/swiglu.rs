@@ -3,7 +3,7 @@
 use candle_core::{Shape, Tensor, D};
 
 use super::expf::exp_in_place;
-use super::{fused, par_rows, Fused1, Fused2, Input, Kernel1, Kernel2};
+use super::{fused, par_rows_new, Fused1, Fused2, Input, Kernel1, Kernel2};
 use crate::model::error::Result;
 
 /// `silu(gu[:, :i]) * gu[:, i:]` for the fused `[gate | up]` projection
@@ -33,8 +33,7 @@ impl Kernel1 for SwiGlu {
             candle_core::bail!("swiglu: odd last dim {two_i}");
         }
         let i = two_i / 2;
-        let mut out = vec![0f32; x.len() / 2];
-        par_rows(&mut out, i, |r, row| {
+        let out = par_rows_new(x.len() / two_i.max(1), i, |r, row| {
             let (g, u) = x[r * two_i..(r + 1) * two_i].split_at(i);
             for (o, &gv) in row.iter_mut().zip(g) {
                 *o = -gv;
@@ -77,8 +76,7 @@ impl Kernel2 for SwiGluBwd {
             candle_core::bail!("swiglu-bwd: shapes {:?} vs {:?}", shape, go.shape);
         }
         let go = go.data;
-        let mut out = vec![0f32; x.len()];
-        par_rows(&mut out, two_i, |r, row| {
+        let out = par_rows_new(x.len() / two_i.max(1), two_i, |r, row| {
             let (g, u) = x[r * two_i..(r + 1) * two_i].split_at(i);
             let gor = &go[r * i..(r + 1) * i];
             let (dg, du) = row.split_at_mut(i);

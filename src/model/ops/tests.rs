@@ -585,3 +585,81 @@ fn a_kernel_without_a_backward_names_itself_when_differentiated() {
     let e = y.sum_all().unwrap().backward().unwrap_err().to_string();
     assert!(e.contains("test-add"), "{e}");
 }
+
+/// The vendored candle sums a tensor's gradients in place where the stored
+/// sum shares its storage with no other tensor, and index-adds an
+/// embedding's rows into it in place: the sums must be exactly those of
+/// fresh tensors, and a gradient that is a view of another's storage (or
+/// the same tensor stored for two operands) must never be written through.
+#[test]
+fn in_place_gradient_sums_are_exact_and_never_alias() {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(9);
+    let vals = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    // One gradient stored for both operands of `x + x`, then more terms.
+    let x = randn(&mut rng, &[3, 4]);
+    let k = randn(&mut rng, &[3, 4]);
+    let xt = x.as_tensor();
+    let y = ((xt + xt).unwrap() * k.as_tensor()).unwrap();
+    let y = (y + (xt * 3.0).unwrap()).unwrap();
+    let y = (y + xt.sqr().unwrap()).unwrap().sum_all().unwrap();
+    let g = y.backward().unwrap();
+    let expect: Vec<f32> = vals(xt)
+        .iter()
+        .zip(vals(k.as_tensor()))
+        .map(|(&x, k)| 2.0 * k + 3.0 + 2.0 * x)
+        .collect();
+    let got = vals(g.get(xt).unwrap());
+    for (a, b) in got.iter().zip(&expect) {
+        assert!((a - b).abs() < 1e-5, "x + x: {a} vs {b}");
+    }
+    // Views: `cat` hands `a` and `b` row views of one gradient; a second
+    // term on `a` must not write into `b`'s.
+    let a = randn(&mut rng, &[2, 4]);
+    let b = randn(&mut rng, &[3, 4]);
+    let kc = randn(&mut rng, &[5, 4]);
+    let s = Tensor::cat(&[a.as_tensor(), b.as_tensor()], 0).unwrap();
+    let l = (s * kc.as_tensor()).unwrap().sum_all().unwrap();
+    let l = (l + (a.as_tensor() * 3.0).unwrap().sum_all().unwrap()).unwrap();
+    let l = (l + (b.as_tensor() * 5.0).unwrap().sum_all().unwrap()).unwrap();
+    let g = l.backward().unwrap();
+    let kv = vals(kc.as_tensor());
+    let ga = vals(g.get(a.as_tensor()).unwrap());
+    let gb = vals(g.get(b.as_tensor()).unwrap());
+    for (i, v) in ga.iter().enumerate() {
+        assert_eq!(*v, kv[i] + 3.0, "a[{i}]");
+    }
+    for (i, v) in gb.iter().enumerate() {
+        assert_eq!(*v, kv[8 + i] + 5.0, "b[{i}]");
+    }
+    // A tied table: rows gathered (one id twice) and the table multiplied;
+    // the same sums as two untied copies of it, bit for bit.
+    let w = randn(&mut rng, &[6, 4]);
+    let h = randn(&mut rng, &[5, 4]);
+    let ids = Tensor::new(&[4u32, 1, 4], &Device::Cpu).unwrap();
+    let tied = |e: &Tensor, head: &Tensor| {
+        let rows = e
+            .index_select(&ids, 0)
+            .unwrap()
+            .sqr()
+            .unwrap()
+            .sum_all()
+            .unwrap();
+        let logits = h.as_tensor().matmul(&head.t().unwrap()).unwrap();
+        (rows + logits.sqr().unwrap().sum_all().unwrap()).unwrap()
+    };
+    let g = tied(w.as_tensor(), w.as_tensor()).backward().unwrap();
+    let copy = || {
+        let t = Tensor::from_vec(vals(w.as_tensor()), (6, 4), &Device::Cpu).unwrap();
+        Var::from_tensor(&t).unwrap()
+    };
+    let (e2, h2) = (copy(), copy());
+    let g2 = tied(e2.as_tensor(), h2.as_tensor()).backward().unwrap();
+    let sum = (g2.get(e2.as_tensor()).unwrap() + g2.get(h2.as_tensor()).unwrap()).unwrap();
+    let (t, u) = (vals(g.get(w.as_tensor()).unwrap()), vals(&sum));
+    for (i, (p, q)) in t.iter().zip(&u).enumerate() {
+        assert!(
+            (p - q).abs() <= 1e-6 * q.abs().max(1.0),
+            "tied table [{i}]: {p} vs {q}"
+        );
+    }
+}

@@ -2768,6 +2768,14 @@ impl Tensor {
         self.storage.write()
     }
 
+    /// Whether this handle is the only one on its tensor and its storage
+    /// (no clone of it, no view sharing the storage), so that an update in
+    /// place is seen by no other tensor. (actguide: in-place gradient
+    /// accumulation in `backprop.rs`.)
+    pub(crate) fn is_sole_owner(&self) -> bool {
+        Arc::strong_count(&self.0) == 1 && Arc::strong_count(&self.storage) == 1
+    }
+
     // If we extend the visibility of this function to be usable outside of this crate, we should
     // make it unsafe.
     pub(crate) fn storage_mut_and_layout(&self) -> (StorageMutRef<'_>, &Layout) {

@@ -381,7 +381,13 @@ fn mixed_precision_gradients_match_f32() {
             s.logp.flatten_all().unwrap().to_vec1::<f32>().unwrap()
         };
         let gf = grads_of(&f, &b);
+        let pairs = crate::model::ops::PAIR_PRODUCTS.with(|c| c.get());
         let gm = grads_of(&m, &b);
+        // Full training multiplies by the stacked gate/up straight from the
+        // two weights, once per layer (no f32 `cat`); LoRA keeps its own.
+        let pairs = crate::model::ops::PAIR_PRODUCTS.with(|c| c.get()) - pairs;
+        let layers = m.config().num_hidden_layers;
+        assert_eq!(pairs, if m.lora().is_some() { 0 } else { layers }, "{what}");
         assert_eq!(gf.len(), gm.len());
         let mut worst = 0f64;
         for ((n, a), (_, c)) in gf.iter().zip(&gm) {
