@@ -64,10 +64,7 @@ pub(crate) fn mixed_linear(x: &Tensor, w: &Tensor) -> Result<Tensor> {
     }
     Ok(x.contiguous()?.apply_op2(
         &w.contiguous()?,
-        Fused2(MixedLinear {
-            blas,
-            saved: Mutex::new(None),
-        }),
+        Fused2(MixedLinear(MixedProduct::new(blas))),
     )?)
 }
 
@@ -88,18 +85,12 @@ pub(crate) fn mixed_linear_pair(x: &Tensor, w1: &Tensor, w2: &Tensor) -> Result<
     Ok(Some(x.contiguous()?.apply_op3(
         &w1.contiguous()?,
         &w2.contiguous()?,
-        Fused3(MixedPair {
-            blas,
-            saved: Mutex::new(None),
-        }),
+        Fused3(MixedPair(MixedProduct::new(blas))),
     )?))
 }
 
 /// `y = x [w1; w2]ᵀ` on bf16 operands ([`mixed_linear_pair`]).
-struct MixedPair {
-    blas: &'static Blas,
-    saved: Mutex<Option<(Vec<u16>, Vec<u16>)>>,
-}
+struct MixedPair(MixedProduct);
 
 impl Kernel3 for MixedPair {
     const NAME: &'static str = "actguide-mixed-linear-pair";
@@ -110,24 +101,7 @@ impl Kernel3 for MixedPair {
         w1: Input<'_>,
         w2: Input<'_>,
     ) -> candle_core::Result<(Vec<f32>, Shape)> {
-        let ((m, k), (n1, k1), (n2, k2)) = (x.shape.dims2()?, w1.shape.dims2()?, w2.shape.dims2()?);
-        if k != k1 || k != k2 {
-            candle_core::bail!(
-                "{}: x {:?} against w {:?} and {:?}",
-                Self::NAME,
-                x.shape,
-                w1.shape,
-                w2.shape
-            );
-        }
-        let n = n1 + n2;
-        let (xb, wb) = (bf16_vec(x.data), bf16_vec_of(&[w1.data, w2.data]));
-        let y = self
-            .blas
-            .gemm_bf16(false, true, m, n, k, &xb, &wb)
-            .expect("checked has_bf16");
-        *self.saved.lock().unwrap_or_else(|e| e.into_inner()) = Some((xb, wb));
-        Ok((y, Shape::from((m, n))))
+        self.0.forward(Self::NAME, x, &[w1, w2])
     }
 
     fn backward(
@@ -138,36 +112,16 @@ impl Kernel3 for MixedPair {
         _res: &Tensor,
         dy: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let ((m, k), n1, n2) = (x.dims2()?, w1.dim(0)?, w2.dim(0)?);
-        let n = n1 + n2;
-        let Some((xb, wb)) = self.saved.lock().unwrap_or_else(|e| e.into_inner()).take() else {
-            candle_core::bail!("{}: backward without a forward", Self::NAME)
-        };
-        let dy = with_f32(&dy.contiguous()?, bf16_vec)?;
-        let product = |ta, tb, m, n, k, a: &[u16], b: &[u16]| {
-            self.blas
-                .gemm_bf16(ta, tb, m, n, k, a, b)
-                .expect("checked has_bf16")
-        };
-        let dx = if x.track_op() {
-            let v = product(false, false, m, k, n, &dy, &wb);
-            Some(Tensor::from_vec(v, (m, k), &Device::Cpu)?)
-        } else {
-            None
-        };
-        let (dw1, dw2) = if w1.track_op() || w2.track_op() {
-            // Both halves from one product; row views of it (contiguous).
-            let dw = Tensor::from_vec(
-                product(true, false, n, k, m, &dy, &xb),
-                (n, k),
-                &Device::Cpu,
-            )?;
-            (
+        let (n1, n2) = (w1.dim(0)?, w2.dim(0)?);
+        let want_dw = w1.track_op() || w2.track_op();
+        let (dx, dw) = self.0.backward(Self::NAME, x, n1 + n2, dy, want_dw)?;
+        // Both weights' gradients are row views of the one product.
+        let (dw1, dw2) = match dw {
+            Some(dw) => (
                 w1.track_op().then(|| dw.narrow(0, 0, n1)).transpose()?,
                 w2.track_op().then(|| dw.narrow(0, n1, n2)).transpose()?,
-            )
-        } else {
-            (None, None)
+            ),
+            None => (None, None),
         };
         Ok((dx, dw1, dw2))
     }
@@ -280,28 +234,14 @@ pub fn mixed_precision_available() -> bool {
     bf16_rollouts_available()
 }
 
-/// `y = x wᵀ` on bf16 operands; the rounded operands are kept for the
-/// backward (as autocast keeps its casts).
-struct MixedLinear {
-    blas: &'static Blas,
-    saved: Mutex<Option<(Vec<u16>, Vec<u16>)>>,
-}
+/// `y = x wᵀ` on bf16 operands ([`mixed_linear`]).
+struct MixedLinear(MixedProduct);
 
 impl Kernel2 for MixedLinear {
     const NAME: &'static str = "actguide-mixed-linear";
 
     fn forward(&self, x: Input<'_>, w: Input<'_>) -> candle_core::Result<(Vec<f32>, Shape)> {
-        let ((m, k), (n, k2)) = (x.shape.dims2()?, w.shape.dims2()?);
-        if k != k2 {
-            candle_core::bail!("{}: x {:?} against w {:?}", Self::NAME, x.shape, w.shape);
-        }
-        let (xb, wb) = (bf16_vec(x.data), bf16_vec(w.data));
-        let y = self
-            .blas
-            .gemm_bf16(false, true, m, n, k, &xb, &wb)
-            .expect("checked has_bf16");
-        *self.saved.lock().unwrap_or_else(|e| e.into_inner()) = Some((xb, wb));
-        Ok((y, Shape::from((m, n))))
+        self.0.forward(Self::NAME, x, &[w])
     }
 
     fn backward(
@@ -311,10 +251,68 @@ impl Kernel2 for MixedLinear {
         _res: &Tensor,
         dy: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
-        let ((m, k), (n, _)) = (x.dims2()?, w.dims2()?);
+        self.0.backward(Self::NAME, x, w.dim(0)?, dy, w.track_op())
+    }
+}
+
+/// The product of the mixed-precision ops: `x (m, k)` times the weights
+/// stacked by rows, transposed, on bf16 operands with f32 accumulation;
+/// the rounded operands are kept for the backward (as autocast keeps its
+/// casts).
+struct MixedProduct {
+    blas: &'static Blas,
+    saved: Mutex<Option<(Vec<u16>, Vec<u16>)>>,
+}
+
+impl MixedProduct {
+    fn new(blas: &'static Blas) -> Self {
+        MixedProduct {
+            blas,
+            saved: Mutex::new(None),
+        }
+    }
+
+    /// `x [w…]ᵀ`, `(m, n)` for `n` the weights' rows together; the weights
+    /// are rounded straight into one bf16 operand (no f32 stack).
+    fn forward(
+        &self,
+        op: &str,
+        x: Input<'_>,
+        ws: &[Input<'_>],
+    ) -> candle_core::Result<(Vec<f32>, Shape)> {
+        let (m, k) = x.shape.dims2()?;
+        let mut n = 0;
+        for w in ws {
+            let (wn, wk) = w.shape.dims2()?;
+            if wk != k {
+                candle_core::bail!("{op}: x {:?} against w {:?}", x.shape, w.shape);
+            }
+            n += wn;
+        }
+        let parts: Vec<&[f32]> = ws.iter().map(|w| w.data).collect();
+        let (xb, wb) = (bf16_vec(x.data), bf16_vec_of(&parts));
+        let y = self
+            .blas
+            .gemm_bf16(false, true, m, n, k, &xb, &wb)
+            .expect("checked has_bf16");
+        *self.saved.lock().unwrap_or_else(|e| e.into_inner()) = Some((xb, wb));
+        Ok((y, Shape::from((m, n))))
+    }
+
+    /// `dx = dy w` (where `x` is tracked) and the stacked `dw = dyᵀ x`
+    /// `(n, k)` (where `want_dw`), `dy` rounded to bf16 too.
+    fn backward(
+        &self,
+        op: &str,
+        x: &Tensor,
+        n: usize,
+        dy: &Tensor,
+        want_dw: bool,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+        let (m, k) = x.dims2()?;
         // The backward runs once per graph; the operands are freed after.
         let Some((xb, wb)) = self.saved.lock().unwrap_or_else(|e| e.into_inner()).take() else {
-            candle_core::bail!("{}: backward without a forward", Self::NAME)
+            candle_core::bail!("{op}: backward without a forward")
         };
         let dy = with_f32(&dy.contiguous()?, bf16_vec)?;
         let product = |ta, tb, m, n, k, a: &[u16], b: &[u16]| {
@@ -328,7 +326,7 @@ impl Kernel2 for MixedLinear {
         } else {
             None
         };
-        let dw = if w.track_op() {
+        let dw = if want_dw {
             let v = product(true, false, n, k, m, &dy, &xb);
             Some(Tensor::from_vec(v, (n, k), &Device::Cpu)?)
         } else {
