@@ -120,8 +120,10 @@ impl Kernel3 for RmsNormBwd {
             }
         });
         let dw = &mut out[rows * h..];
-        par_rows_work(dw, COLS.min(h), rows, |c, d| {
-            let c0 = c * COLS.min(h);
+        // A task reads its columns of every row of `x` and `g`.
+        let cols = COLS.min(h);
+        par_rows_work(dw, cols, rows * cols, |c, d| {
+            let c0 = c * cols;
             for (r, &inv) in inv.iter().enumerate() {
                 let xr = &x[r * h + c0..r * h + c0 + d.len()];
                 let gr = &g[r * h + c0..r * h + c0 + d.len()];

@@ -185,10 +185,11 @@ fn causal_softmax_matches_composite_forward_and_backward() {
 #[test]
 fn rms_norm_matches_composite_forward_and_backward() {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
-    for rows in [3usize, 700] {
-        let x = randn(&mut rng, &[rows, 128]);
-        let w = randn(&mut rng, &[128]);
-        let wt = randn(&mut rng, &[rows, 128]);
+    // Hidden sizes of whole and partial 64-column blocks of `dw`.
+    for (rows, h) in [(3usize, 128usize), (700, 128), (700, 200)] {
+        let x = randn(&mut rng, &[rows, h]);
+        let w = randn(&mut rng, &[h]);
+        let wt = randn(&mut rng, &[rows, h]);
         let a = rms_norm(x.as_tensor(), w.as_tensor(), 1e-5).unwrap();
         let b = candle_nn::ops::rms_norm_slow(x.as_tensor(), w.as_tensor(), 1e-5).unwrap();
         assert!(max_diff(&a, &b) < 1e-5, "forward");
