@@ -100,6 +100,18 @@ fn par_rows_work(
     row_work: usize,
     f: impl Fn(usize, &mut [f32]) + Sync,
 ) {
+    split_rows(out, row_len, row_work, f);
+}
+
+/// The split behind [`par_rows_work`] and [`par_rows_new`], over rows of
+/// any element type: on the calling thread below [`PAR_MIN_ELEMS`] of
+/// work, else one contiguous block of rows per pool thread.
+fn split_rows<T: Send>(
+    out: &mut [T],
+    row_len: usize,
+    row_work: usize,
+    f: impl Fn(usize, &mut [T]) + Sync,
+) {
     if row_len == 0 {
         return;
     }
@@ -132,9 +144,11 @@ fn par_rows_work(
 fn par_rows_new(rows: usize, row_len: usize, f: impl Fn(usize, &mut [f32]) + Sync) -> Vec<f32> {
     let len = rows * row_len;
     let mut out: Vec<f32> = Vec::with_capacity(len);
-    if row_len > 0 {
-        let spare = &mut out.spare_capacity_mut()[..len];
-        let fill = |r: usize, row: &mut [std::mem::MaybeUninit<f32>]| {
+    split_rows(
+        &mut out.spare_capacity_mut()[..len],
+        row_len,
+        row_len,
+        |r, row| {
             for v in row.iter_mut() {
                 v.write(0.0);
             }
@@ -142,27 +156,9 @@ fn par_rows_new(rows: usize, row_len: usize, f: impl Fn(usize, &mut [f32]) + Syn
             // `MaybeUninit<f32>` has `f32`'s layout.
             let row = unsafe { &mut *(row as *mut [std::mem::MaybeUninit<f32>] as *mut [f32]) };
             f(r, row);
-        };
-        let threads = rayon::current_num_threads().min(rows).max(1);
-        if threads <= 1 || len < PAR_MIN_ELEMS {
-            for (r, row) in spare.chunks_mut(row_len).enumerate() {
-                fill(r, row);
-            }
-        } else {
-            let rows_per = rows.div_ceil(threads);
-            rayon::scope(|sc| {
-                for (ci, chunk) in spare.chunks_mut(rows_per * row_len).enumerate() {
-                    let fill = &fill;
-                    sc.spawn(move |_| {
-                        for (k, row) in chunk.chunks_mut(row_len).enumerate() {
-                            fill(ci * rows_per + k, row);
-                        }
-                    });
-                }
-            });
-        }
-    }
-    // SAFETY: the loops above initialised all `len` elements.
+        },
+    );
+    // SAFETY: `split_rows` visited every row (with `row_len == 0`, `len` is 0).
     unsafe { out.set_len(len) };
     out
 }
